@@ -1,0 +1,43 @@
+"""Batch keys: the one place where the names of batch fields are spelled.
+
+Every batch is a ``tensordict.TensorDict`` whose leading dimension is the sample dimension
+(``B``). Nodes declare the keys they read and write with these constants, so a typo fails at
+import time instead of silently producing an empty field.
+
+Shapes use ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response tokens
+(right-padded), ``T`` environment steps.
+"""
+
+# --- identity -------------------------------------------------------------------------
+SAMPLE_ID = "sample_id"  # (B,) int64, unique in the whole run step
+GROUP_ID = "group_id"  # (B,) int64, samples of one prompt / (task, init state) share it
+
+# --- LLM prompts and responses ----------------------------------------------------------
+PROMPT_TEXT = "prompt_text"  # non-tensor str per sample
+ANSWER_TEXT = "answer_text"  # non-tensor str per sample: ground truth for rule rewards
+PROMPT_IDS = "prompt_ids"  # (B, P) int64, left-padded
+PROMPT_MASK = "prompt_mask"  # (B, P) int64, 1 = real token
+RESPONSE_IDS = "response_ids"  # (B, R) int64, right-padded
+RESPONSE_MASK = "response_mask"  # (B, R) float32, 1 = generated token (EOS included)
+RESPONSE_TEXT = "response_text"  # non-tensor str per sample
+
+# --- RL quantities ------------------------------------------------------------------------
+OLD_LOGPROBS = "old_logprobs"  # (B, R) log pi_old of each response token
+REF_LOGPROBS = "ref_logprobs"  # (B, R) log pi_ref of each response token
+REWARDS = "rewards"  # (B,) float32 scalar reward per sample
+ADVANTAGES = "advantages"  # (B, R) float32, broadcast over valid tokens/steps
+VALUES = "values"  # (B, R) float32 critic values
+RETURNS = "returns"  # (B, R) float32
+
+# --- embodied trajectories -------------------------------------------------------------------
+OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8
+OBS_STATE = "obs_state"  # (B, T, S) float32 proprio
+ACTIONS = "actions"  # (B, T, A) float32 continuous actions
+ACTION_TOKENS = "action_tokens"  # (B, T, K) int64 discrete action tokens
+STEP_MASK = "step_mask"  # (B, T) float32, 1 = step before (and at) finish
+FINISH_STEP = "finish_step"  # (B,) int64
+SUCCESS = "success"  # (B,) bool
+TASK_ID = "task_id"  # (B,) int64
+INIT_STATE_ID = "init_state_id"  # (B,) int64
+
+ALL_KEYS = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))

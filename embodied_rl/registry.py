@@ -1,0 +1,78 @@
+"""Name -> object registries that let the core find components it never imports.
+
+``embodied_rl`` must not import ``policies``, ``simulators`` or ``rollout`` (DESIGN.md
+section 1). Those packages register their components here when imported; the core imports
+them by module name through :func:`load_plugins`, so no static import edge exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+PLUGIN_MODULES: tuple[str, ...] = ("policies", "rollout", "simulators")
+
+
+class UnknownNameError(KeyError):
+    """A registry lookup for a name that nobody registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it readable.
+        return str(self.args[0])
+
+
+class Registry:
+    """A named collection of components, looked up by snake_case name."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, Any] = {}
+
+    def register(self, name: str, obj: Any = None) -> Any:
+        """Register ``obj`` under ``name``; usable as ``@REG.register("name")``."""
+        if obj is None:
+            return lambda o: self.register(name, o)
+        if name in self._items and self._items[name] is not obj:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._items[name] = obj
+        return obj
+
+    def get(self, name: str) -> Any:
+        if name not in self._items:
+            raise UnknownNameError(self.unknown_message(name))
+        return self._items[name]
+
+    def unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, self._items, n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        return (
+            f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items)) or 'none'}."
+        )
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+
+NODE_TYPES = Registry("node type")
+POLICIES = Registry("policy")
+TASKS = Registry("task")
+SIMULATORS = Registry("simulator")
+
+_loaded: set[str] = set()
+
+
+def load_plugins(modules: Iterable[str] = PLUGIN_MODULES) -> None:
+    """Import the plugin packages so they fill the registries (idempotent)."""
+    for name in modules:
+        if name not in _loaded:
+            importlib.import_module(name)
+            _loaded.add(name)
+
+
+def registered(registry: Registry, name: str) -> Callable[[Any], Any]:
+    """Decorator form: ``@registered(POLICIES, "causal_lm")``."""
+    return registry.register(name)

@@ -1,0 +1,104 @@
+"""What a node function sees: its config, its place in the layout, models, metrics, state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from embodied_rl.data.layout import Layout
+
+
+class MetricSink:
+    """Collects one worker's scalar metrics for the current step.
+
+    Each metric is reduced across workers at the end of the step: ``mean`` is weighted by
+    ``weight`` (e.g. the number of samples that produced it), ``sum`` adds, ``max``/``min``
+    take the extreme.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[float, float, str]] = {}
+
+    def log(self, name: str, value: float, weight: float = 1.0, reduce: str = "mean") -> None:
+        if reduce not in ("mean", "sum", "max", "min"):
+            raise ValueError(f"reduce must be mean, sum, max or min, got {reduce!r}")
+        value = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if name in self.records and reduce == "mean":
+            old_value, old_weight, _ = self.records[name]
+            total = old_weight + weight
+            value = (old_value * old_weight + value * weight) / total if total else value
+            weight = total
+        self.records[name] = (value, float(weight), reduce)
+
+    def pop(self) -> dict[str, tuple[float, float, str]]:
+        records, self.records = self.records, {}
+        return records
+
+
+@dataclass
+class NodeContext:
+    """Everything a node function may use besides its input batch.
+
+    Attributes:
+        cfg: the whole resolved run config (OmegaConf DictConfig).
+        node_id: the DAG node's id.
+        node_config: the node's config dataclass instance (``None`` if it takes none).
+        rank / world_size: this worker's global rank and the number of workers.
+        layout: the node's placement; ``dp_rank``/``dp_size`` follow from it.
+        dp_group: process group over the ranks sharing this rank's tp position in the
+            layout (gradient all-reduce, global counts); ``None`` when not distributed.
+        models: lazily built models by name (``ctx.models["actor"]``).
+        state: this node's persistent state on this worker (survives steps; entries with a
+            ``state_dict`` method are checkpointed).
+        step: the current training step (0-based).
+        metrics: where the node logs scalars.
+        device: the torch device of this worker.
+        run_dir: the run directory (shared file system assumed only for rank 0 outputs).
+    """
+
+    cfg: Any
+    node_id: str
+    node_config: Any
+    rank: int
+    world_size: int
+    layout: Layout
+    dp_group: dist.ProcessGroup | None
+    models: Any
+    state: dict[str, Any]
+    step: int
+    metrics: MetricSink
+    device: torch.device
+    run_dir: Path
+    seed_fn: Callable[[str], int] = field(default=lambda tag: 0)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank(self.rank)
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.layout.tp_rank(self.rank)
+
+    @property
+    def tp_size(self) -> int:
+        return self.layout.tp_size
+
+    def seed(self, tag: str) -> int:
+        """A seed unique to (run seed, step, rank, node, tag): reproducible after resume."""
+        return self.seed_fn(f"{self.node_id}/{tag}")
+
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum ``value`` over the node's data-parallel group (identity when alone)."""
+        if self.dp_group is not None and self.dp_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return value
