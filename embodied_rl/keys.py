@@ -11,6 +11,7 @@ Shapes use ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response toke
 # --- identity -------------------------------------------------------------------------
 SAMPLE_ID = "sample_id"  # (B,) int64, unique in the whole run step
 GROUP_ID = "group_id"  # (B,) int64, samples of one prompt / (task, init state) share it
+ROW_INDEX = "row_index"  # (B,) int64, the sample's row in its dataset file (0-based)
 
 # --- LLM prompts and responses ----------------------------------------------------------
 PROMPT_TEXT = "prompt_text"  # non-tensor str per sample

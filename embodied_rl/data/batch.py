@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+from tensordict.tensorclass import NonTensorStack
 
 from embodied_rl import keys as K
 
@@ -24,7 +25,12 @@ def make_batch(fields: Mapping[str, Any], batch_size: int | None = None) -> Tens
     for key, value in fields.items():
         if len(value) != batch_size:
             raise ValueError(f"field {key!r} has {len(value)} rows, expected {batch_size}")
-        td[key] = value if isinstance(value, torch.Tensor) else list(value)
+        if isinstance(value, torch.Tensor):
+            td[key] = value
+        elif batch_size == 0:  # an empty list would otherwise become a float tensor
+            td[key] = NonTensorStack(batch_size=[0])
+        else:
+            td[key] = list(value)
     return td
 
 

@@ -28,16 +28,28 @@ class MetricSink:
         if reduce not in ("mean", "sum", "max", "min"):
             raise ValueError(f"reduce must be mean, sum, max or min, got {reduce!r}")
         value = float(value.item() if isinstance(value, torch.Tensor) else value)
-        if name in self.records and reduce == "mean":
-            old_value, old_weight, _ = self.records[name]
-            total = old_weight + weight
-            value = (old_value * old_weight + value * weight) / total if total else value
-            weight = total
+        if name in self.records:
+            old_value, old_weight, old_reduce = self.records[name]
+            if old_reduce != reduce:
+                raise ValueError(
+                    f"metric {name!r} logged with reduce {old_reduce!r} and {reduce!r}"
+                )
+            value, weight = _combine(old_value, old_weight, value, weight, reduce)
         self.records[name] = (value, float(weight), reduce)
 
     def pop(self) -> dict[str, tuple[float, float, str]]:
         records, self.records = self.records, {}
         return records
+
+
+def _combine(a: float, wa: float, b: float, wb: float, reduce: str) -> tuple[float, float]:
+    """Merge two logged values of one metric on one worker."""
+    if reduce == "mean":
+        total = wa + wb
+        return ((a * wa + b * wb) / total if total else b), total
+    if reduce == "sum":
+        return a + b, wa + wb
+    return (max(a, b) if reduce == "max" else min(a, b)), wa + wb
 
 
 @dataclass

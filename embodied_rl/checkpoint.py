@@ -1,0 +1,382 @@
+"""Atomic, verifiable, per-rank checkpoints.
+
+Layout under a checkpoint root (usually ``<run_dir>/checkpoints``)::
+
+    step_000010/
+        rank_00000.pt      one shard per rank (torch.save of a plain dict)
+        rank_00001.pt
+        manifest.json      step, world_size, created time, size and sha256 of every shard
+
+Protocol (the caller owns the barrier, so this module needs no process group):
+
+1. every rank calls :func:`write_rank_shard`, which writes into ``step_000010.tmp/`` (each file
+   goes to a temporary name, is fsynced, then ``os.replace``-d into place);
+2. the caller runs a barrier over all ranks;
+3. rank 0 calls :func:`finalize`, which checksums the shards, writes ``manifest.json`` and
+   renames ``step_000010.tmp`` to ``step_000010`` with ``os.replace``.
+
+A crash at any point leaves either no ``step_000010`` or a complete one. :func:`latest_checkpoint`
+returns the newest checkpoint whose manifest verifies and skips (with a warning) corrupt ones.
+
+Shards are loaded with ``torch.load(weights_only=True)``, so a shard may contain only tensors
+and plain Python values: dicts, lists, tuples, str, int, float, bool, None (plus torch dtypes,
+devices and sizes). :func:`write_rank_shard` checks this before writing, so a bad state fails
+at save time, not at resume time. :func:`capture_rng_state` returns the RNG states in that form.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+_FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_HASH_CHUNK = 1 << 22
+_SAFE_LEAVES = (torch.Tensor, str, bytes, int, float, bool, type(None), torch.dtype, torch.device)
+
+
+def step_dir_name(step: int) -> str:
+    """``step_000010`` for step 10."""
+    return f"step_{step:06d}"
+
+
+def shard_name(rank: int) -> str:
+    """``rank_00003.pt`` for rank 3."""
+    return f"rank_{rank:05d}.pt"
+
+
+def _tmp_dir(ckpt_root: Path, step: int) -> Path:
+    return ckpt_root / f"{step_dir_name(step)}.tmp"
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (no-op where dirs cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems do not support fsync on directories
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write a file under a temporary name, fsync it, then move it into place."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    _fsync_dir(path.parent)
+
+
+def check_weights_only_safe(obj: Any, where: str = "state") -> None:
+    """Raise ``TypeError`` naming the first value ``torch.load(weights_only=True)`` would refuse.
+
+    Args:
+        obj: the state to be saved.
+        where: the path of ``obj`` in the state, used in the message.
+    """
+    if isinstance(obj, _SAFE_LEAVES) or isinstance(obj, torch.Size):
+        return
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"{where} has a key of type {type(key).__name__}; use str keys")
+            check_weights_only_safe(value, f"{where}[{key!r}]")
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            check_weights_only_safe(value, f"{where}[{i}]")
+        return
+    hint = " (use torch.from_numpy)" if isinstance(obj, (np.ndarray, np.generic)) else ""
+    raise TypeError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__name__}, which a weights_only "
+        f"checkpoint cannot hold; convert it to tensors or plain Python values{hint}"
+    )
+
+
+def write_rank_shard(ckpt_root: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
+    """Write this rank's shard of the checkpoint of ``step`` into the pending directory.
+
+    Args:
+        ckpt_root: the checkpoint root directory (created if missing).
+        step: the training step the state belongs to.
+        rank: this worker's global rank.
+        state: tensors and plain Python values only (see the module docstring).
+
+    Returns:
+        The shard's path inside ``step_XXXXXX.tmp/``.
+    """
+    check_weights_only_safe(state)
+    tmp = _tmp_dir(Path(ckpt_root), step)
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / shard_name(rank)
+    _atomic_write(path, lambda f: torch.save(state, f))
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _collect_shards(tmp: Path, world_size: int) -> dict[str, dict[str, Any]]:
+    """Checksums of ranks ``0..world_size-1``; stale shards of other ranks are removed."""
+    expected = {shard_name(r) for r in range(world_size)}
+    missing = sorted(expected - {p.name for p in tmp.glob("rank_*.pt")})
+    if missing:
+        raise FileNotFoundError(
+            f"{tmp} lacks shards {missing}; every rank must call write_rank_shard before "
+            "the barrier that precedes finalize"
+        )
+    for stale in tmp.glob("rank_*.pt"):
+        if stale.name not in expected:  # left by an earlier attempt with more ranks
+            logger.warning("removing stale shard %s (world_size is %d)", stale, world_size)
+            stale.unlink()
+    return {
+        name: {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        for name in sorted(expected)
+    }
+
+
+def finalize(
+    ckpt_root: str | Path, step: int, world_size: int, keep_last: int | None = None
+) -> Path:
+    """Seal the checkpoint of ``step``: write its manifest and rename it into place.
+
+    Called by rank 0 only, after a barrier that follows every rank's ``write_rank_shard``.
+
+    Args:
+        ckpt_root: the checkpoint root directory.
+        step: the step the shards were written for.
+        world_size: the number of ranks that wrote shards.
+        keep_last: when set, delete all but the newest ``keep_last`` complete checkpoints.
+
+    Returns:
+        The final checkpoint directory.
+    """
+    root = Path(ckpt_root)
+    tmp, final = _tmp_dir(root, step), root / step_dir_name(step)
+    manifest = {
+        "format": _FORMAT,
+        "step": step,
+        "world_size": world_size,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "files": _collect_shards(tmp, world_size),
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    _atomic_write(tmp / MANIFEST, lambda f: f.write(text))
+    if final.exists():
+        # A checkpoint of this step exists (e.g. a corrupt one the run resumed past): move it
+        # aside first, because a directory cannot be replaced by a rename while non-empty.
+        stale = root / f"{final.name}.stale"
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+        shutil.rmtree(stale)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep_last is not None:
+        prune(root, keep_last)
+    return final
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of every sealed checkpoint directory, newest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and (path / MANIFEST).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def prune(ckpt_root: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` sealed checkpoints; returns the deleted dirs."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    doomed = [path for _, path in _complete_checkpoints(Path(ckpt_root))[keep_last:]]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
+
+
+def read_manifest(ckpt_dir: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a sealed checkpoint directory."""
+    return json.loads((Path(ckpt_dir) / MANIFEST).read_text())
+
+
+def _file_problem(path: Path, entry: Mapping[str, Any], checksum: bool) -> str | None:
+    if not path.is_file():
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"{path.name} has {size} bytes, the manifest says {entry['size']}"
+    if checksum and _sha256(path) != entry["sha256"]:
+        return f"{path.name} does not match its sha256 in the manifest"
+    return None
+
+
+def verify_checkpoint(ckpt_dir: str | Path, checksums: bool = True) -> str | None:
+    """Why a sealed checkpoint is unusable, or ``None`` when every shard verifies.
+
+    Args:
+        ckpt_dir: a ``step_XXXXXX`` directory.
+        checksums: also compare sha256 (reads every shard); sizes are always compared.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        manifest = read_manifest(ckpt_dir)
+        files = manifest["files"]
+        expected = {shard_name(r) for r in range(int(manifest["world_size"]))}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its manifest is unreadable ({err!r})"
+    if set(files) != expected:
+        return f"its manifest lists {sorted(files)}, expected {sorted(expected)}"
+    for name, entry in sorted(files.items()):
+        problem = _file_problem(ckpt_dir / name, entry, checksums)
+        if problem:
+            return problem
+    return None
+
+
+def latest_checkpoint(ckpt_root: str | Path, checksums: bool = True) -> Path | None:
+    """The newest sealed checkpoint that verifies, or ``None`` when there is none.
+
+    Pending ``.tmp`` directories are ignored; a newer checkpoint that fails verification is
+    skipped with a warning naming it and the problem, and the previous one is tried.
+    """
+    for _, path in _complete_checkpoints(Path(ckpt_root)):
+        problem = verify_checkpoint(path, checksums=checksums)
+        if problem is None:
+            return path
+        logger.warning("skipping corrupt checkpoint %s: %s", path, problem)
+    return None
+
+
+def load_rank_shard(
+    ckpt_dir: str | Path, rank: int, *, world_size: int, map_location: Any = "cpu"
+) -> dict[str, Any]:
+    """Load this rank's shard of a sealed checkpoint (``weights_only=True``).
+
+    Args:
+        ckpt_dir: a ``step_XXXXXX`` directory, e.g. from :func:`latest_checkpoint`.
+        rank: this worker's global rank.
+        world_size: the current number of ranks; a checkpoint written by another number of
+            ranks is refused, since per-rank shards cannot be re-split here.
+        map_location: passed to ``torch.load``.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    saved = int(manifest["world_size"])
+    if saved != world_size:
+        raise ValueError(
+            f"checkpoint {ckpt_dir} was written by world_size={saved} ranks but this run has "
+            f"world_size={world_size}; resume with {saved} workers or start a fresh run"
+        )
+    name = shard_name(rank)
+    if name not in manifest["files"]:
+        raise ValueError(f"checkpoint {ckpt_dir} has no shard for rank {rank}")
+    # Each rank re-checks only its own shard, so the check is spread over the ranks.
+    problem = _file_problem(ckpt_dir / name, manifest["files"][name], checksum=True)
+    if problem:
+        raise ValueError(f"checkpoint {ckpt_dir} is corrupt: {problem}")
+    return torch.load(ckpt_dir / name, map_location=map_location, weights_only=True)
+
+
+def _accelerator_rng_module() -> Any | None:
+    """``torch.cuda``/``torch.npu``-like module of the current accelerator, if any."""
+    if not torch.accelerator.is_available():
+        return None
+    device = torch.accelerator.current_accelerator()
+    module = torch.get_device_module(device.type)
+    return module if hasattr(module, "get_rng_state_all") else None
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The torch, numpy (global), Python ``random`` and accelerator RNG states.
+
+    Everything is a tensor or a plain value, so the result can go into a shard and be loaded
+    with ``weights_only=True``.
+    """
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    py_version, py_state, py_gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
+        "python": {
+            "version": int(py_version),
+            "state": torch.tensor(py_state, dtype=torch.int64),  # 625 values < 2**32
+            "gauss_next": py_gauss_next,
+        },
+    }
+    accelerator = _accelerator_rng_module()
+    if accelerator is not None:
+        state["accelerator"] = list(accelerator.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Set the RNGs to a state from :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            np_state["name"],
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py_state = state["python"]
+    random.setstate(
+        (py_state["version"], tuple(py_state["state"].tolist()), py_state["gauss_next"])
+    )
+    _restore_accelerator_rng(state.get("accelerator"))
+
+
+def _restore_accelerator_rng(saved: list[torch.Tensor] | None) -> None:
+    accelerator = _accelerator_rng_module()
+    if saved is None or accelerator is None:
+        if saved is not None:
+            logger.warning("checkpoint has accelerator RNG states but no accelerator is present")
+        return
+    if len(saved) != accelerator.device_count():
+        logger.warning(
+            "checkpoint has RNG states of %d devices, %d are visible; not restoring them",
+            len(saved),
+            accelerator.device_count(),
+        )
+        return
+    accelerator.set_rng_state_all(saved)

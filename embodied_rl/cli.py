@@ -1,0 +1,86 @@
+"""``embodied-rl``: train, validate and plan runs from hydra-composed configs.
+
+Examples:
+    embodied-rl train --config-name grpo_llm trainer.total_steps=5
+    embodied-rl validate --config-name grpo_llm workers.num_workers=4
+    embodied-rl plan --config-name grpo_llm
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from embodied_rl.dag.node_type import NodeConfigError
+from embodied_rl.dag.spec import DagValidationError
+from embodied_rl.registry import UnknownNameError
+from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, validate_config
+
+USER_ERRORS = (
+    ConfigError,
+    DagValidationError,
+    NodeConfigError,
+    UnknownNameError,
+    FileNotFoundError,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embodied-rl", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    helps = {
+        "train": "run (or with resume=true continue) a training job",
+        "validate": "check the config and DAG without building models or starting Ray",
+        "plan": "print each worker's ordered steps, data-parallel ranks and process groups",
+    }
+    for name, text in helps.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("--config-name", "-c", required=True, help="a YAML file in configs/")
+        cmd.add_argument("--config-dir", default=None, help=f"default: {CONFIG_DIR}")
+        cmd.add_argument("overrides", nargs="*", help="hydra overrides, e.g. trainer.total_steps=5")
+        if name == "train":
+            cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = compose(args.config_name, args.overrides, args.config_dir)
+        dag = validate_config(cfg)
+        if args.command == "validate":
+            print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
+            return 0
+        if args.command == "plan":
+            from embodied_rl.dag.planner import format_plan, plan_dag
+
+            print(format_plan(dag, plan_dag(dag)))
+            return 0
+        from embodied_rl.runtime.launcher import RunFailed, launch
+
+        try:
+            result = launch(cfg, show_progress=not args.no_progress)
+        except RunFailed as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        print(f"run finished: {result.run_dir}")
+        shown = {
+            k: round(v, 4)
+            for k, v in sorted(result.final_metrics.items())
+            if "/" in k and not k.startswith("time/")
+        }
+        print("final metrics: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        return 0
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # hydra's override errors carry the useful message
+        if type(err).__module__.startswith(("hydra", "omegaconf")):
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""DAG specification: parse the ``dag.nodes`` YAML list and validate it without building models.
+
+Every problem becomes a :class:`DagIssue` that names the node, says what is wrong and how to
+fix it. :func:`validate_dag` collects all issues and raises one :class:`DagValidationError`,
+so a user fixes a broken DAG in one pass instead of one error per run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from embodied_rl.dag.node_type import NodeConfigError, NodeType
+from embodied_rl.data.layout import Layout
+from embodied_rl.registry import NODE_TYPES
+
+NODE_FIELDS = ("id", "type", "deps", "config", "parallel")
+PARALLEL_FIELDS = ("workers", "num_workers", "tp")
+
+
+@dataclass(frozen=True)
+class DagIssue:
+    """One validation problem: ``node`` is ``None`` for problems of the whole DAG."""
+
+    node: str | None
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"node {self.node!r}: " if self.node is not None else "dag: "
+        return f"{where}{self.problem}. Fix: {self.fix}"
+
+
+class DagValidationError(ValueError):
+    """The DAG cannot run; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: Sequence[DagIssue]) -> None:
+        self.issues = list(issues)
+        lines = "\n".join(f"  - {issue}" for issue in self.issues)
+        super().__init__(f"invalid DAG ({len(self.issues)} problem(s)):\n{lines}")
+
+
+@dataclass
+class NodeSpec:
+    """One validated DAG node."""
+
+    id: str
+    type: NodeType
+    deps: tuple[str, ...]
+    config: Any
+    layout: Layout
+    global_batch: int | None = None
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+
+@dataclass
+class DagSpec:
+    """A validated DAG: nodes in a deterministic topological order."""
+
+    nodes: list[NodeSpec]
+    num_workers: int
+    by_id: dict[str, NodeSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_id = {n.id: n for n in self.nodes}
+
+    def consumers(self, node_id: str) -> list[NodeSpec]:
+        return [n for n in self.nodes if node_id in n.deps]
+
+
+def _suggest(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssue]) -> Layout:
+    """Resolve ``parallel: {workers: [..] | num_workers: k, tp: t}`` into a Layout."""
+    everyone = Layout(tuple(range(num_workers)))
+    if raw is None:
+        return everyone
+    if not isinstance(raw, Mapping):
+        issues.append(
+            DagIssue(node_id, "'parallel' must be a mapping", "write e.g. parallel: {tp: 1}")
+        )
+        return everyone
+    unknown = sorted(set(raw) - set(PARALLEL_FIELDS))
+    if unknown:
+        issues.append(
+            DagIssue(
+                node_id, f"unknown parallel key(s) {unknown}", f"use only {list(PARALLEL_FIELDS)}"
+            )
+        )
+    if "workers" in raw and "num_workers" in raw:
+        issues.append(
+            DagIssue(node_id, "both 'workers' and 'num_workers' given", "keep one of them")
+        )
+    ranks: tuple[int, ...] = everyone.ranks
+    if raw.get("workers") is not None:
+        ranks = tuple(int(r) for r in raw["workers"])
+    elif raw.get("num_workers") is not None:
+        ranks = tuple(range(int(raw["num_workers"])))
+    bad = [r for r in ranks if not 0 <= r < num_workers]
+    if bad or len(ranks) > num_workers:
+        issues.append(
+            DagIssue(
+                node_id,
+                f"placed on workers {list(ranks)} but the run has only {num_workers} worker(s) "
+                f"(ranks 0..{num_workers - 1})",
+                f"raise workers.num_workers to at least {max(max(ranks) + 1, len(ranks))} "
+                "or place the node on fewer workers",
+            )
+        )
+        return everyone
+    tp = int(raw.get("tp", 1) or 1)
+    try:
+        return Layout(ranks, tp)
+    except ValueError as err:
+        issues.append(DagIssue(node_id, str(err), "change 'parallel' so the sizes fit"))
+        return everyone
+
+
+def _parse_nodes(raw_nodes: Any, num_workers: int, issues: list[DagIssue]) -> list[NodeSpec]:
+    """Check each node entry on its own: fields, id, type, config and placement."""
+    if not isinstance(raw_nodes, Sequence) or isinstance(raw_nodes, str) or not raw_nodes:
+        issues.append(DagIssue(None, "dag.nodes must be a non-empty list", "list the DAG's nodes"))
+        return []
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_nodes):
+        if not isinstance(raw, Mapping) or not raw.get("id"):
+            issues.append(
+                DagIssue(None, f"node #{index} has no 'id'", "give every node a unique id")
+            )
+            continue
+        node_id = str(raw["id"])
+        unknown = sorted(set(raw) - set(NODE_FIELDS))
+        if unknown:
+            issues.append(
+                DagIssue(node_id, f"unknown field(s) {unknown}", f"use only {list(NODE_FIELDS)}")
+            )
+        if node_id in seen:
+            issues.append(
+                DagIssue(node_id, "duplicate node id", "rename one of the nodes with this id")
+            )
+            continue
+        seen.add(node_id)
+        type_name = str(raw.get("type", ""))
+        if type_name not in NODE_TYPES:
+            issues.append(
+                DagIssue(
+                    node_id,
+                    f"unknown node type {type_name!r}{_suggest(type_name, NODE_TYPES.names())}",
+                    f"use a registered type: {', '.join(NODE_TYPES.names())}",
+                )
+            )
+            continue
+        node_type: NodeType = NODE_TYPES.get(type_name)
+        try:
+            config = node_type.build_config(raw.get("config"))
+        except NodeConfigError as err:
+            issues.append(DagIssue(node_id, str(err), "correct the node's config block"))
+            continue
+        deps = raw.get("deps") or ()
+        deps = (deps,) if isinstance(deps, str) else tuple(str(d) for d in deps)
+        layout = _parse_layout(node_id, raw.get("parallel"), num_workers, issues)
+        nodes.append(NodeSpec(node_id, node_type, deps, config, layout))
+    return nodes
+
+
+def _check_deps(nodes: list[NodeSpec], issues: list[DagIssue]) -> list[NodeSpec]:
+    """Drop (and report) deps that name no node, and self-dependencies."""
+    ids = [n.id for n in nodes]
+    for node in nodes:
+        for dep in node.deps:
+            if dep == node.id:
+                issues.append(
+                    DagIssue(node.id, "depends on itself", f"remove {dep!r} from its deps")
+                )
+            elif dep not in ids:
+                issues.append(
+                    DagIssue(
+                        node.id,
+                        f"unknown dependency {dep!r}{_suggest(dep, ids)}",
+                        f"use one of the node ids: {', '.join(ids)}",
+                    )
+                )
+        node.deps = tuple(d for d in node.deps if d in ids and d != node.id)
+    return nodes
+
+
+def _topological_order(nodes: list[NodeSpec], issues: list[DagIssue]) -> list[NodeSpec] | None:
+    """Kahn's algorithm with YAML order as tie-break; reports one cycle path if any."""
+    by_id = {n.id: n for n in nodes}
+    remaining = {n.id: len(set(n.deps)) for n in nodes}
+    order: list[NodeSpec] = []
+    ready = [n.id for n in nodes if remaining[n.id] == 0]
+    while ready:
+        current = ready.pop(0)
+        order.append(by_id[current])
+        for node in nodes:
+            if current in node.deps and node.id in remaining:
+                remaining[node.id] -= 1
+                if remaining[node.id] == 0:
+                    ready.append(node.id)
+        del remaining[current]
+    if not remaining:
+        return order
+    cycle = _find_cycle({i: by_id[i].deps for i in remaining})
+    issues.append(
+        DagIssue(
+            cycle[0],
+            f"cycle in deps: {' -> '.join(cycle + [cycle[0]])}",
+            "remove one dependency of the cycle (the DAG must be acyclic; a training loop is "
+            "expressed by steps, not by edges)",
+        )
+    )
+    return None
+
+
+def _find_cycle(deps: Mapping[str, Sequence[str]]) -> list[str]:
+    """A cycle among ``deps`` (every node listed is on or leads to a cycle)."""
+    path: list[str] = []
+    node = next(iter(deps))
+    while node not in path:
+        path.append(node)
+        node = next(d for d in deps[node] if d in deps)
+    return path[path.index(node) :]
+
+
+def _check_reachable(order: list[NodeSpec], issues: list[DagIssue]) -> None:
+    """Every node must be fed, through deps, by a source node (e.g. the dataloader)."""
+    reached: set[str] = set()
+    for node in order:
+        if node.type.source:
+            if node.deps:
+                issues.append(
+                    DagIssue(
+                        node.id,
+                        f"source node type {node.type.name!r} cannot have deps",
+                        "remove its deps",
+                    )
+                )
+            reached.add(node.id)
+        elif node.deps and all(d in reached for d in node.deps):
+            reached.add(node.id)
+    sources = [n.id for n in order if n.type.source]
+    for node in order:
+        if node.id not in reached:
+            feed = (
+                f"add a dep on {sources[0]!r}"
+                if sources
+                else "add a source node (e.g. data.prompts)"
+            )
+            issues.append(DagIssue(node.id, "unreachable: no source node feeds it", feed))
+
+
+def _check_batches_and_keys(order: list[NodeSpec], issues: list[DagIssue]) -> None:
+    """Propagate global batch sizes and available keys along the DAG, checking each node."""
+    available: dict[str, set[str]] = {}
+    for node in order:
+        node.reads = node.type.read_keys(node.config)
+        node.writes = node.type.write_keys(node.config)
+        upstream: set[str] = set()
+        for dep in node.deps:
+            upstream |= available.get(dep, set())
+        missing = [k for k in node.reads if k not in upstream]
+        if missing and not node.type.source:
+            issues.append(
+                DagIssue(
+                    node.id,
+                    f"reads {missing} but no upstream node writes {'it' if len(missing) == 1 else 'them'}",
+                    "add a dep on a node that writes these keys, or change the node type",
+                )
+            )
+        available[node.id] = upstream | set(node.writes)
+        node.global_batch = _global_batch(node, order, issues)
+        if node.global_batch is not None and node.global_batch % node.layout.dp_size:
+            issues.append(
+                DagIssue(
+                    node.id,
+                    f"global batch of {node.global_batch} samples is not divisible by its "
+                    f"data-parallel size {node.layout.dp_size}",
+                    f"make the batch size a multiple of {node.layout.dp_size} or change the "
+                    "node's workers/tp",
+                )
+            )
+
+
+def _global_batch(node: NodeSpec, order: list[NodeSpec], issues: list[DagIssue]) -> int | None:
+    """Samples per step entering ``node`` times its batch factor."""
+    if node.type.source:
+        size = getattr(node.config, "batch_size", None)
+        return None if size is None else int(size) * node.type.factor(node.config)
+    by_id = {n.id: n for n in order}
+    sizes = {by_id[d].global_batch for d in node.deps if d in by_id}
+    sizes.discard(None)
+    if len(sizes) > 1:
+        issues.append(
+            DagIssue(
+                node.id,
+                f"its deps carry different batch sizes {sorted(sizes)}",
+                "depend on nodes of one batch",
+            )
+        )
+        return None
+    return sizes.pop() * node.type.factor(node.config) if sizes else None
+
+
+def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
+    """Validate the raw ``dag.nodes`` list (plain Python data) for ``num_workers`` workers.
+
+    Raises:
+        DagValidationError: listing every problem, each naming the node and the fix.
+    """
+    issues: list[DagIssue] = []
+    if num_workers < 1:
+        raise DagValidationError([DagIssue(None, "no workers", "set workers.num_workers >= 1")])
+    nodes = _check_deps(_parse_nodes(raw_nodes, num_workers, issues), issues)
+    order = _topological_order(nodes, issues) if nodes else None
+    if order is not None:
+        _check_reachable(order, issues)
+        _check_batches_and_keys(order, issues)
+    if issues:
+        raise DagValidationError(issues)
+    return DagSpec(order, num_workers)

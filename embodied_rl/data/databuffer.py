@@ -1,0 +1,531 @@
+"""Distributed databuffer: move a node's output between two data-parallel layouts.
+
+When consecutive DAG nodes run with different layouts (rollout on ranks ``(0, 1)`` with tp 2,
+training on ``(0, 1, 2, 3)``), every rank of both layouts calls :func:`redistribute`
+collectively. There is no coordinator actor and no driver hop:
+
+1. Metadata: each source shard leader describes its shard (row count, token weight per sample,
+   group ids, key schema, byte size of each sample's pickled string fields). The descriptions
+   are all-gathered, so every rank holds the same picture (a few bytes per sample).
+2. Assignment: every rank computes the same balanced assignment of units (samples, or whole
+   GRPO groups) to destination shards with :func:`~embodied_rl.data.balance.assign_units`.
+   Schema errors are detected here, on every rank at once, so nobody hangs in a collective.
+3. Payload: each source leader packs the rows for each destination into one ``uint8`` buffer
+   (all tensor keys byte-packed row by row, then the pickled string fields) and one
+   ``all_to_all_single`` moves everything worker-to-worker. Receivers know every split size
+   from the metadata, so no byte counts are exchanged separately.
+
+Packing all keys of all dtypes into one byte buffer means one payload collective per call
+instead of one per key (or per dtype); on gloo each collective costs a round of TCP messages
+between every pair of ranks, which dominates for the small per-step batches of RL.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import NonTensorStack, TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.data.balance import assign_units
+from embodied_rl.data.batch import batch_len, non_tensor_keys, strings, tensor_keys
+from embodied_rl.data.layout import Layout
+
+Schema = dict[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
+@dataclass
+class TransferStats:
+    """What one rank spent on redistributions (accumulates over calls).
+
+    Attributes:
+        calls: Number of :func:`redistribute` calls that communicated.
+        bytes_sent: Payload bytes this rank sent to other ranks.
+        bytes_received: Payload bytes this rank received from other ranks.
+        bytes_local: Payload bytes this rank sent to itself (a copy, no network).
+        metadata_bytes: Pickled metadata bytes this rank contributed to the all-gather.
+        num_collectives: Collective operations issued (metadata and payload).
+        metadata_seconds: Wall time of describing, gathering metadata and assigning units.
+        payload_seconds: Wall time of packing, the payload all-to-all and unpacking.
+    """
+
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    bytes_local: int = 0
+    metadata_bytes: int = 0
+    num_collectives: int = 0
+    metadata_seconds: float = 0.0
+    payload_seconds: float = 0.0
+
+
+class Transport(Protocol):
+    """The collectives a redistribution needs, over the ranks of both layouts.
+
+    Peers are addressed by their position in the group (``group_rank``). A transport counts its
+    collectives in ``num_collectives`` so benchmarks can compare implementations.
+    """
+
+    num_collectives: int
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        ...
+
+    def group_rank(self, global_rank: int) -> int:
+        """Position of a global worker rank in the group."""
+        ...
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, indexed by group rank."""
+        ...
+
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
+    ) -> torch.Tensor:
+        """Exchange slices of a flat ``uint8`` tensor.
+
+        Args:
+            send: ``(sum(send_splits),)`` uint8; slice ``p`` goes to group rank ``p``.
+            send_splits: Bytes for each group rank, length ``size()``.
+            recv_splits: Bytes expected from each group rank, length ``size()``.
+
+        Returns:
+            ``(sum(recv_splits),)`` uint8, the slices of all ranks in group-rank order.
+        """
+        ...
+
+
+class AllToAllTransport:
+    """:class:`Transport` over a ``torch.distributed`` process group (gloo, NCCL, HCCL).
+
+    Args:
+        group: The process group holding exactly the ranks of both layouts.
+        device: Where communication buffers live: ``cpu`` for gloo, the local accelerator
+            for NCCL/HCCL. Received tensors stay on this device.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device | str = "cpu") -> None:
+        self.group = group
+        self.device = torch.device(device)
+        self.num_collectives = 0
+
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def group_rank(self, global_rank: int) -> int:
+        return dist.get_group_rank(self.group, global_rank)
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.size())]
+        dist.all_gather(sizes, size, group=self.group)
+        self.num_collectives += 1
+        lengths = [int(s.item()) for s in sizes]
+        longest = max(lengths)
+        if longest == 0:  # every rank knows this from the sizes: skip consistently
+            return [b"" for _ in lengths]
+        # gloo's all_gather needs equal sizes: pad every payload to the longest.
+        buffer = torch.zeros(longest, dtype=torch.uint8)
+        buffer[: len(payload)] = _bytes_to_tensor(payload)
+        buffer = buffer.to(self.device)
+        gathered = [torch.empty_like(buffer) for _ in lengths]
+        dist.all_gather(gathered, buffer, group=self.group)
+        self.num_collectives += 1
+        return [g[:n].cpu().numpy().tobytes() for g, n in zip(gathered, lengths)]
+
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
+    ) -> torch.Tensor:
+        out = torch.empty(sum(recv_splits), dtype=send.dtype, device=self.device)
+        dist.all_to_all_single(
+            out,
+            send.to(self.device),
+            output_split_sizes=recv_splits,
+            input_split_sizes=send_splits,
+            group=self.group,
+        )
+        self.num_collectives += 1
+        return out
+
+
+@dataclass(frozen=True)
+class _SourceMeta:
+    """What a source shard leader tells every rank about its shard.
+
+    Attributes:
+        num_rows: Samples in the shard, ``N``.
+        weights: ``(N,)`` float64 real-token count per sample.
+        group_ids: ``(N,)`` int64 ``GROUP_ID`` values, or None when groups are not kept.
+        schema: Tensor key -> (dtype, trailing shape).
+        object_keys: Sorted non-tensor keys.
+        object_sizes: ``(N,)`` int64 bytes of each sample's pickled non-tensor values.
+    """
+
+    num_rows: int
+    weights: np.ndarray
+    group_ids: np.ndarray | None
+    schema: Schema
+    object_keys: tuple[str, ...]
+    object_sizes: np.ndarray
+
+
+def _bytes_to_tensor(data: bytes) -> torch.Tensor:
+    """A ``(len(data),)`` uint8 tensor owning a copy of ``data``."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    # bytearray: frombuffer needs a writable buffer to avoid a warning.
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _row_sum(mask: torch.Tensor) -> torch.Tensor:
+    """``(B, ...)`` mask -> ``(B,)`` float64 count of real entries per sample."""
+    mask = mask.detach().to(torch.float64)
+    if mask.dim() == 1:
+        return mask
+    return mask.sum(dim=tuple(range(1, mask.dim())))
+
+
+def token_weights(batch: TensorDict) -> np.ndarray:
+    """Real tokens per sample: the weight used for balancing.
+
+    ``PROMPT_MASK`` + ``RESPONSE_MASK`` where present, else ``STEP_MASK``, else 1.
+
+    Args:
+        batch: A batch of ``B`` samples.
+
+    Returns:
+        ``(B,)`` float64 weights.
+    """
+    n = batch_len(batch)
+    present = set(tensor_keys(batch))
+    token_masks = [k for k in (K.PROMPT_MASK, K.RESPONSE_MASK) if k in present]
+    if not token_masks and K.STEP_MASK in present:
+        token_masks = [K.STEP_MASK]
+    weights = (
+        torch.zeros(n, dtype=torch.float64) if token_masks else torch.ones(n, dtype=torch.float64)
+    )
+    for key in token_masks:
+        weights += _row_sum(batch.get(key)).cpu()
+    return weights.numpy()
+
+
+def _describe(batch: TensorDict | None, keep_groups: bool) -> tuple[_SourceMeta, list[bytes]]:
+    """Metadata of a source shard, plus each sample's pickled non-tensor values."""
+    if batch is None:
+        batch = TensorDict({}, batch_size=[0])
+    n = batch_len(batch)
+    t_keys = tensor_keys(batch)
+    schema = {k: (batch.get(k).dtype, tuple(batch.get(k).shape[1:])) for k in t_keys}
+    object_keys = tuple(non_tensor_keys(batch))
+    rows: list[bytes] = []
+    if object_keys and n:
+        columns = [strings(batch, k) for k in object_keys]
+        rows = [pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL) for values in zip(*columns)]
+    group_ids = None
+    if keep_groups and K.GROUP_ID in schema:
+        group_ids = batch.get(K.GROUP_ID).detach().cpu().reshape(n).to(torch.int64).numpy()
+    sizes = np.array([len(r) for r in rows] if rows else [0] * n, dtype=np.int64)
+    meta = _SourceMeta(n, token_weights(batch), group_ids, schema, object_keys, sizes)
+    return meta, rows
+
+
+def _gather_sources(transport: Transport, src: Layout, payload: bytes) -> list[_SourceMeta]:
+    """All-gather the leaders' pickled metadata; returns it indexed by source dp rank."""
+    gathered = transport.all_gather_bytes(payload)
+    # Metadata comes from peers of the same job (as in dist.all_gather_object).
+    return [pickle.loads(gathered[transport.group_rank(r)]) for r in src.shard_leaders()]
+
+
+def _consensus_schema(metas: list[_SourceMeta]) -> tuple[Schema, tuple[str, ...]]:
+    """The key schema all non-empty source shards share.
+
+    Empty shards are skipped: a shard with no rows may not know the node's fields.
+
+    Raises:
+        ValueError: If two non-empty shards differ in keys, or in a key's dtype or trailing
+            shape (naming the key and the shapes).
+    """
+    filled = [(i, m) for i, m in enumerate(metas) if m.num_rows > 0]
+    if not filled:
+        return metas[0].schema, metas[0].object_keys
+    ref_index, ref = filled[0]
+    for index, meta in filled[1:]:
+        if set(meta.schema) != set(ref.schema) or meta.object_keys != ref.object_keys:
+            raise ValueError(
+                f"source shards disagree on batch keys: shard {ref_index} has "
+                f"{sorted(ref.schema) + list(ref.object_keys)}, shard {index} has "
+                f"{sorted(meta.schema) + list(meta.object_keys)}; every shard of a node must "
+                "write the same fields"
+            )
+        for key in sorted(ref.schema):
+            if meta.schema[key] != ref.schema[key]:
+                (d0, s0), (d1, s1) = ref.schema[key], meta.schema[key]
+                raise ValueError(
+                    f"batch key {key!r} differs between source shards: shard {ref_index} has "
+                    f"{d0} rows of shape {list(s0)}, shard {index} has {d1} rows of shape "
+                    f"{list(s1)}. Redistribution needs the same dtype and trailing shape on "
+                    "every shard: pad variable-length fields to a fixed length (e.g. set "
+                    "max_prompt_length / max_response_length) instead of padding per batch"
+                )
+    return ref.schema, ref.object_keys
+
+
+def _assign(metas: list[_SourceMeta], use_groups: bool, num_bins: int) -> list[np.ndarray]:
+    """Destination dp rank of every sample, per source shard (``(N_s,)`` int64 each)."""
+    counts = [m.num_rows for m in metas]
+    weights = np.concatenate([m.weights for m in metas]) if metas else np.zeros(0)
+    total = int(sum(counts))
+    if use_groups and total:
+        ids = np.concatenate([m.group_ids for m in metas if m.num_rows > 0])
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        # np.unique sorts by value; renumber units by first appearance, as the spec orders them.
+        unit_of_unique = np.empty(len(first), dtype=np.int64)
+        unit_of_unique[:] = np.arange(len(first))
+        unit_of_sample = unit_of_unique[inverse.reshape(-1)]
+        unit_weights = np.bincount(unit_of_sample, weights=weights, minlength=len(first))
+    else:
+        unit_of_sample = np.arange(total, dtype=np.int64)
+        unit_weights = weights
+    bins = np.asarray(assign_units(unit_weights.tolist(), num_bins), dtype=np.int64)
+    dest = bins[unit_of_sample] if total else np.zeros(0, dtype=np.int64)
+    return np.split(dest, np.cumsum(counts)[:-1])
+
+
+def _row_nbytes(schema: Schema) -> dict[str, int]:
+    """Bytes per sample of each tensor key (sorted by key)."""
+    return {
+        k: math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        for k, (dtype, shape) in sorted(schema.items())
+    }
+
+
+def _pair_bytes(
+    metas: list[_SourceMeta], dests: list[np.ndarray], row_bytes: int, num_dst: int
+) -> np.ndarray:
+    """``(S, D)`` int64 payload bytes from each source shard to each destination shard."""
+    out = np.zeros((len(metas), num_dst), dtype=np.int64)
+    for s, (meta, dest) in enumerate(zip(metas, dests)):
+        rows = np.bincount(dest, minlength=num_dst)
+        objects = np.bincount(dest, weights=meta.object_sizes, minlength=num_dst)
+        out[s] = rows * row_bytes + objects.astype(np.int64)
+    return out
+
+
+def _pack_segments(
+    batch: TensorDict, schema: Schema, rows: list[bytes], dest: np.ndarray, num_dst: int
+) -> list[torch.Tensor]:
+    """This leader's payload for each destination shard.
+
+    Each segment holds the rows for that shard in local order: first ``m x row_bytes`` bytes of
+    byte-packed tensor keys (row-major, keys sorted), then the ``m`` pickled object rows.
+
+    Returns:
+        ``num_dst`` flat uint8 tensors.
+    """
+    n = len(dest)
+    nbytes = _row_nbytes(schema)
+    columns = [
+        batch.get(k).detach().contiguous().reshape(-1).view(torch.uint8).reshape(n, nbytes[k]).cpu()
+        for k in nbytes
+    ]
+    order = np.argsort(dest, kind="stable")  # rows grouped by destination, local order kept
+    packed = torch.cat(columns, dim=1) if columns else torch.empty(n, 0, dtype=torch.uint8)
+    packed = packed[torch.from_numpy(order)]
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(dest, minlength=num_dst))])
+    segments = []
+    for d in range(num_dst):
+        picked = order[bounds[d] : bounds[d + 1]]
+        objects = _bytes_to_tensor(b"".join(rows[i] for i in picked)) if rows else None
+        tensor_part = packed[bounds[d] : bounds[d + 1]].reshape(-1)
+        segments.append(tensor_part if objects is None else torch.cat([tensor_part, objects]))
+    return segments
+
+
+def _source_segments(
+    recv: torch.Tensor, recv_splits: list[int], src: Layout, transport: Transport
+) -> list[torch.Tensor]:
+    """Split the received buffer into one flat uint8 segment per source dp rank."""
+    offsets = np.concatenate([[0], np.cumsum(recv_splits)]).tolist()
+    segments = []
+    for leader in src.shard_leaders():
+        p = transport.group_rank(leader)
+        segments.append(recv[offsets[p] : offsets[p + 1]])
+    return segments
+
+
+def _unpack(
+    segments: list[torch.Tensor],
+    metas: list[_SourceMeta],
+    dests: list[np.ndarray],
+    schema: Schema,
+    object_keys: tuple[str, ...],
+    my_dp: int,
+) -> TensorDict:
+    """Rebuild this destination shard from the per-source segments (source dp order).
+
+    Args:
+        segments: One flat uint8 tensor per source shard, laid out as in ``_pack_segments``.
+        metas: Metadata per source shard.
+        dests: Destination dp rank per sample, per source shard.
+        schema: Tensor key -> (dtype, trailing shape).
+        object_keys: Non-tensor keys, in pickled tuple order.
+        my_dp: This rank's destination dp rank.
+
+    Returns:
+        A batch of ``M`` rows ordered by (source dp rank, local index).
+    """
+    nbytes = _row_nbytes(schema)
+    row_bytes = sum(nbytes.values())
+    blocks, objects = [], []
+    for segment, meta, dest in zip(segments, metas, dests):
+        mine = dest == my_dp
+        m = int(mine.sum())
+        blocks.append(segment[: m * row_bytes].reshape(m, row_bytes))
+        if object_keys and m:
+            data = segment[m * row_bytes :].cpu().numpy().tobytes()
+            ends = np.cumsum(meta.object_sizes[mine]).tolist()
+            starts = [0] + ends[:-1]
+            objects.extend(pickle.loads(data[a:b]) for a, b in zip(starts, ends))
+    block = torch.cat(blocks)  # a fresh buffer at offset 0, so dtype views below are aligned
+    total = block.shape[0]
+    out = TensorDict({}, batch_size=[total], device=None)
+    offset = 0
+    for key, width in nbytes.items():
+        dtype, shape = schema[key]
+        column = block[:, offset : offset + width]
+        # A column slice may start at an offset not aligned for ``dtype``: copy unless it is
+        # the whole (fresh) block.
+        column = column if width == row_bytes else column.clone()
+        out[key] = column.reshape(-1).view(dtype).reshape(total, *shape)
+        offset += width
+    for j, key in enumerate(object_keys):
+        values = [row[j] for row in objects]
+        # tensordict turns an empty list into a tensor; an empty stack keeps the field a
+        # non-tensor field so empty shards have the same keys as full ones.
+        out[key] = values if values else NonTensorStack(batch_size=[0])
+    return out
+
+
+def _exchange(
+    batch: TensorDict | None,
+    rows: list[bytes],
+    metas: list[_SourceMeta],
+    dests: list[np.ndarray],
+    schema: Schema,
+    object_keys: tuple[str, ...],
+    layouts: tuple[Layout, Layout],
+    rank: int,
+    transport: Transport,
+    stats: TransferStats,
+) -> TensorDict | None:
+    """Move the payload with one all-to-all and unpack this rank's destination shard."""
+    src, dst = layouts
+    pair = _pair_bytes(metas, dests, sum(_row_nbytes(schema).values()), dst.dp_size)
+    size = transport.size()
+    peers = {transport.group_rank(r): r for r in set(src.ranks) | set(dst.ranks)}
+    send_splits, recv_splits, pieces = [0] * size, [0] * size, []
+    leaders = src.shard_leaders()
+    if rank in leaders and metas[leaders.index(rank)].num_rows > 0:
+        s = leaders.index(rank)
+        segments = _pack_segments(batch, schema, rows, dests[s], dst.dp_size)
+        for p in range(size):
+            if peers[p] in dst:
+                d = dst.dp_rank(peers[p])
+                send_splits[p] = int(pair[s, d])
+                pieces.append(segments[d])
+    if rank in dst:
+        for s, leader in enumerate(leaders):
+            recv_splits[transport.group_rank(leader)] = int(pair[s, dst.dp_rank(rank)])
+    me = transport.group_rank(rank)
+    stats.bytes_sent += sum(send_splits) - send_splits[me]
+    stats.bytes_received += sum(recv_splits) - recv_splits[me]
+    stats.bytes_local += send_splits[me]
+    if int(pair.sum()) > 0:  # every rank sees the same matrix, so all skip or none does
+        send = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
+        recv = transport.all_to_all(send, send_splits, recv_splits)
+    else:
+        recv = torch.empty(0, dtype=torch.uint8)
+    if rank not in dst:
+        return None
+    segments = _source_segments(recv, recv_splits, src, transport)
+    return _unpack(segments, metas, dests, schema, object_keys, dst.dp_rank(rank))
+
+
+def redistribute(
+    batch: TensorDict | None,
+    src: Layout,
+    dst: Layout,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    *,
+    keep_groups: bool = True,
+    transport: Transport | None = None,
+    stats: TransferStats | None = None,
+) -> TensorDict | None:
+    """Move a node's output from layout ``src`` to layout ``dst``; collective over both.
+
+    Every rank in ``set(src.ranks) | set(dst.ranks)`` must call this with the same layouts and
+    options. Only source shard leaders (tp rank 0) send; every tp member of a destination shard
+    receives the full shard. Samples (or, with ``keep_groups``, whole ``GROUP_ID`` groups) are
+    balanced over destination shards by real-token count (see :func:`token_weights`) with
+    :func:`~embodied_rl.data.balance.assign_units`; within a destination shard samples keep
+    the order (source dp rank, local index).
+
+    Args:
+        batch: This rank's source shard (``B`` samples) if ``rank in src``, else ignored.
+        src: Layout of the node that produced the batch.
+        dst: Layout of the node that consumes it.
+        rank: This worker's global rank.
+        group: Process group of exactly the ranks of both layouts (ranks sorted); may be None
+            when ``src == dst`` or when ``transport`` is given.
+        keep_groups: Keep all samples sharing a ``GROUP_ID`` on one destination shard.
+        transport: How bytes move; default :class:`AllToAllTransport` on ``group``.
+        stats: Accumulates bytes, collectives and time spent by this rank.
+
+    Returns:
+        This rank's destination shard (``M`` samples) if ``rank in dst``, else None. With
+        ``src == dst`` the input ``batch`` object itself, untouched.
+
+    Raises:
+        ValueError: If the rank is not in either layout, the group does not match the layouts,
+            or non-empty source shards disagree on a key's dtype or trailing shape.
+    """
+    if src == dst:
+        return batch if rank in src else None
+    union = sorted(set(src.ranks) | set(dst.ranks))
+    if rank not in union:
+        raise ValueError(f"rank {rank} is in neither layout {src.ranks} nor {dst.ranks}")
+    if transport is None:
+        if group is None:
+            raise ValueError("redistribute between different layouts needs a process group")
+        transport = AllToAllTransport(group)
+    if transport.size() != len(union):
+        raise ValueError(
+            f"the process group has {transport.size()} ranks, the layouts {len(union)} "
+            f"({union}); create it with dist.new_group({union})"
+        )
+    stats = stats if stats is not None else TransferStats()
+    start, collectives = time.perf_counter(), transport.num_collectives
+    meta, rows = _describe(batch, keep_groups) if rank in src.shard_leaders() else (None, [])
+    payload = b"" if meta is None else pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    metas = _gather_sources(transport, src, payload)
+    schema, object_keys = _consensus_schema(metas)
+    dests = _assign(metas, keep_groups and K.GROUP_ID in schema, dst.dp_size)
+    middle = time.perf_counter()
+    out = _exchange(
+        batch, rows, metas, dests, schema, object_keys, (src, dst), rank, transport, stats
+    )
+    stats.calls += 1
+    stats.metadata_bytes += len(payload)
+    stats.num_collectives += transport.num_collectives - collectives
+    stats.metadata_seconds += middle - start
+    stats.payload_seconds += time.perf_counter() - middle
+    return out

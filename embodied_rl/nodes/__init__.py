@@ -1,0 +1,6 @@
+"""Built-in node types of the core (data, advantage, log-probs, training).
+
+Importing this package registers them; plugin packages register rollout and reward nodes.
+"""
+
+from embodied_rl.nodes import advantage, data, faults, train  # noqa: F401

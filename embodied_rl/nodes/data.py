@@ -1,0 +1,82 @@
+"""The source node: each data-parallel rank reads its own shard of the prompt file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.data.dataloader import ShardedPromptLoader
+from embodied_rl.runtime.context import NodeContext
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOADER_STATE = "loader"
+
+
+@dataclass
+class PromptDataConfig:
+    """Options of ``data.prompts``.
+
+    Attributes:
+        path: JSONL or Parquet file with a ``prompt`` field (and ``answer`` for rule rewards).
+            Relative paths are looked up from the working directory, then the repo root.
+        batch_size: prompts per training step over ALL data-parallel ranks.
+        shuffle: reshuffle every epoch (deterministic from the run seed).
+        on_bad_row: ``error`` stops at a malformed row; ``drop`` skips and counts it.
+    """
+
+    path: str = "assets/data/arithmetic_train.jsonl"
+    batch_size: int = 8
+    shuffle: bool = True
+    on_bad_row: str = "error"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.on_bad_row not in ("error", "drop"):
+            raise ValueError(f"on_bad_row must be 'error' or 'drop', got {self.on_bad_row!r}")
+
+
+def resolve_data_path(path: str) -> Path:
+    """``path`` as given if it exists, else relative to the repo root; clear error otherwise."""
+    candidate = Path(path).expanduser()
+    if candidate.exists():
+        return candidate.resolve()
+    from_repo = REPO_ROOT / path
+    if from_repo.exists():
+        return from_repo
+    raise FileNotFoundError(
+        f"data file {path!r} not found (looked in {Path.cwd()} and {REPO_ROOT}); "
+        "set data.train_path to an existing JSONL or Parquet file"
+    )
+
+
+def setup_loader(ctx: NodeContext) -> None:
+    cfg: PromptDataConfig = ctx.node_config
+    ctx.state[LOADER_STATE] = ShardedPromptLoader(
+        resolve_data_path(cfg.path),
+        global_batch_size=cfg.batch_size,
+        dp_rank=ctx.dp_rank,
+        dp_size=ctx.dp_size,
+        seed=int(ctx.cfg.seed),
+        shuffle=cfg.shuffle,
+        on_bad_row=cfg.on_bad_row,
+    )
+
+
+@register_node(
+    "data.prompts",
+    writes=(K.PROMPT_TEXT, K.ANSWER_TEXT, K.SAMPLE_ID),
+    source=True,
+    config=PromptDataConfig,
+    setup=setup_loader,
+)
+def prompts_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """Next step's prompts of this rank: (B / dp) rows of the shuffled file."""
+    loader: ShardedPromptLoader = ctx.state[LOADER_STATE]
+    out = loader.next_batch()
+    ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
+    return out

@@ -1,0 +1,6 @@
+"""Policies. Importing this package registers every policy in ``embodied_rl.registry``."""
+
+import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
+
+# isort: split
+from policies import causal_lm  # noqa: F401  (registers "causal_lm")

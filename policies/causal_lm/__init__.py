@@ -1,0 +1,20 @@
+"""Causal-LM policy: any ``transformers`` causal LM, registered as policy ``causal_lm``."""
+
+from policies.causal_lm.configuration import CausalLMConfig
+from policies.causal_lm.modeling import (
+    AllowedTokensLogitsProcessor,
+    CausalLMPolicy,
+    build_causal_lm,
+    build_tiny_qwen2,
+)
+from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
+
+__all__ = [
+    "AllowedTokensLogitsProcessor",
+    "CausalLMConfig",
+    "CausalLMPolicy",
+    "build_causal_lm",
+    "build_qwen2_tokenizer",
+    "build_tiny_qwen2",
+    "load_tokenizer",
+]

@@ -1,0 +1,3 @@
+"""Rollout nodes. Importing this package registers them in ``embodied_rl.registry``."""
+
+from rollout import llm  # noqa: F401  (registers "rollout.llm")

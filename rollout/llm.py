@@ -1,0 +1,233 @@
+"""LLM rollout node: n sampled responses per prompt, with their old log-probabilities.
+
+The policy comes from ``ctx.models[config.model]`` and is used only through its interface:
+``tokenizer``, ``generate(prompt_ids, prompt_mask, ...)`` and ``evaluate(batch, temperature)``
+(see ``policies/causal_lm``). Nothing here imports a policy package.
+
+Shapes: ``B`` input prompts, ``N = B * n`` output samples, ``P`` = ``max_prompt_length``
+(left-padded), ``R`` = ``max_response_length`` (right-padded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
+
+BACKENDS = ("hf",)
+
+
+@dataclass
+class LLMRolloutConfig:
+    """Options of the ``rollout.llm`` node.
+
+    Attributes:
+        model: name of the policy in ``ctx.models``.
+        n: responses sampled per prompt (the GRPO group size).
+        max_prompt_length: P; prompts are left-padded to exactly this many tokens.
+        max_response_length: R; responses are right-padded to exactly this many tokens.
+        temperature: sampling temperature (also used for the old log-probs).
+        top_p: nucleus sampling mass in (0, 1].
+        do_sample: sample (True) or decode greedily (False, e.g. for evaluation).
+        backend: ``hf`` (transformers ``generate``).
+        micro_batch_size: samples per generate/log-prob call, bounding the memory of the
+            (micro_batch, R, V) logits.
+    """
+
+    model: str = "actor"
+    n: int = 4
+    max_prompt_length: int = 32
+    max_response_length: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    do_sample: bool = True
+    backend: str = "hf"
+    micro_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.backend == "vllm":
+            raise ValueError(
+                "rollout backend 'vllm' is not available yet (it comes with the vLLM rollout "
+                "backend in a later release); use backend: hf"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown rollout backend {self.backend!r}; valid: {list(BACKENDS)}")
+        for name in ("n", "max_prompt_length", "max_response_length", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout {name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ValueError(
+                f"rollout temperature must be > 0, got {self.temperature}; "
+                "set do_sample: false for greedy decoding"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"rollout top_p must be in (0, 1], got {self.top_p}")
+
+
+def left_pad_prompts(
+    token_lists: Sequence[Sequence[int]],
+    sample_ids: Sequence[int],
+    length: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad tokenised prompts to exactly ``length`` tokens.
+
+    Args:
+        token_lists: B lists of token ids.
+        sample_ids: B sample ids, named in errors.
+        length: P.
+        pad_id: id written into padding positions.
+
+    Returns:
+        ids: (B, P) int64 and mask: (B, P) int64 (1 = real token).
+    """
+    ids = torch.full((len(token_lists), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(token_lists), length), dtype=torch.long)
+    for row, (tokens, sample_id) in enumerate(zip(token_lists, sample_ids)):
+        if not tokens:
+            raise ValueError(f"prompt of sample {sample_id} is empty; every prompt needs text")
+        if len(tokens) > length:
+            raise ValueError(
+                f"prompt of sample {sample_id} has {len(tokens)} tokens, more than "
+                f"max_prompt_length={length}; raise the rollout node's max_prompt_length or "
+                "shorten the prompt"
+            )
+        ids[row, length - len(tokens) :] = torch.as_tensor(tokens, dtype=torch.long)
+        mask[row, length - len(tokens) :] = 1
+    return ids, mask
+
+
+def _set_strings(batch: TensorDict, key: str, values: list[str]) -> None:
+    # An empty Python list would be stored as an empty float tensor; keep it a string field.
+    batch[key] = values if values else NonTensorStack.from_list([])
+
+
+def _empty_output(batch: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
+    """A zero-sample batch with every key the node writes (shapes (0, P), (0, R), ...)."""
+    out = repeat_interleave(batch, cfg.n)
+    prompt = torch.zeros(0, cfg.max_prompt_length, dtype=torch.long)
+    response = torch.zeros(0, cfg.max_response_length, dtype=torch.long)
+    out[K.PROMPT_IDS], out[K.PROMPT_MASK] = prompt, prompt.clone()
+    out[K.RESPONSE_IDS] = response
+    out[K.RESPONSE_MASK] = response.float()
+    out[K.OLD_LOGPROBS] = response.float()
+    out[K.GROUP_ID] = torch.zeros(0, dtype=torch.long)
+    out[K.SAMPLE_ID] = torch.zeros(0, dtype=torch.long)
+    _set_strings(out, K.RESPONSE_TEXT, [])
+    return out
+
+
+def _generate(policy: Any, samples: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
+    """Responses and old log-probs for ``samples`` in micro-batches; returns a new batch."""
+    chunks = []
+    for start in range(0, batch_len(samples), cfg.micro_batch_size):
+        part = samples[start : start + cfg.micro_batch_size]
+        response_ids, response_mask = policy.generate(
+            part[K.PROMPT_IDS],
+            part[K.PROMPT_MASK],
+            max_new_tokens=cfg.max_response_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            do_sample=cfg.do_sample,
+        )
+        scored = TensorDict(
+            {
+                K.PROMPT_IDS: part[K.PROMPT_IDS],
+                K.PROMPT_MASK: part[K.PROMPT_MASK],
+                K.RESPONSE_IDS: response_ids.cpu(),
+                K.RESPONSE_MASK: response_mask.cpu(),
+            },
+            batch_size=[batch_len(part)],
+        )
+        with torch.no_grad():
+            old_logprobs, _ = policy.evaluate(scored, temperature=cfg.temperature)
+        scored[K.OLD_LOGPROBS] = old_logprobs.float().cpu()
+        chunks.append(scored)
+    return concat(chunks)
+
+
+def _decode(tokenizer: Any, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """Text of the valid tokens of each response (special tokens such as EOS skipped)."""
+    lengths = response_mask.sum(dim=1).long().tolist()
+    rows = [ids[:length] for ids, length in zip(response_ids.tolist(), lengths)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+@register_node(
+    "rollout.llm",
+    reads=(K.PROMPT_TEXT, K.SAMPLE_ID),
+    writes=(
+        K.PROMPT_IDS,
+        K.PROMPT_MASK,
+        K.RESPONSE_IDS,
+        K.RESPONSE_MASK,
+        K.RESPONSE_TEXT,
+        K.OLD_LOGPROBS,
+        K.GROUP_ID,
+        K.SAMPLE_ID,
+    ),
+    config=LLMRolloutConfig,
+    batch_factor=lambda c: c.n,
+)
+def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
+    """Sample ``n`` responses for every prompt of ``batch``.
+
+    Output rows are grouped by prompt (``[a, a, ..., b, b, ...]``); every input field (e.g.
+    ANSWER_TEXT) is repeated with its prompt. GROUP_ID is the prompt's SAMPLE_ID and the new
+    SAMPLE_ID is ``prompt_sample_id * n + j``. Sampling is seeded from ``ctx.seed("generate")``
+    so a step is reproducible. Output tensors are on the CPU.
+
+    Args:
+        ctx: the node context (``ctx.node_config`` is an :class:`LLMRolloutConfig`).
+        batch: B prompts with PROMPT_TEXT and SAMPLE_ID (B,).
+
+    Returns:
+        N = B * n samples with PROMPT_IDS/PROMPT_MASK (N, P), RESPONSE_IDS (N, R),
+        RESPONSE_MASK/OLD_LOGPROBS (N, R) float32, RESPONSE_TEXT, GROUP_ID/SAMPLE_ID (N,).
+    """
+    cfg: LLMRolloutConfig = ctx.node_config
+    if batch_len(batch) == 0:
+        return _empty_output(batch, cfg)
+    policy = ctx.models[cfg.model]
+    tokenizer = policy.tokenizer
+    prompt_sample_ids = batch[K.SAMPLE_ID].long()
+    encoded = tokenizer(strings(batch, K.PROMPT_TEXT))["input_ids"]
+    prompt_ids, prompt_mask = left_pad_prompts(
+        encoded, prompt_sample_ids.tolist(), cfg.max_prompt_length, tokenizer.pad_token_id
+    )
+
+    out = repeat_interleave(batch, cfg.n)
+    out[K.PROMPT_IDS] = prompt_ids.repeat_interleave(cfg.n, dim=0)
+    out[K.PROMPT_MASK] = prompt_mask.repeat_interleave(cfg.n, dim=0)
+    # A private RNG stream: reproducible from the step seed, and other nodes' random
+    # draws neither shift it nor are shifted by it.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed("generate"))
+        generated = _generate(policy, out, cfg)
+    for key in (K.RESPONSE_IDS, K.RESPONSE_MASK, K.OLD_LOGPROBS):
+        out[key] = generated[key]
+    _set_strings(
+        out,
+        K.RESPONSE_TEXT,
+        _decode(tokenizer, generated[K.RESPONSE_IDS], generated[K.RESPONSE_MASK]),
+    )
+    out[K.GROUP_ID] = prompt_sample_ids.repeat_interleave(cfg.n)
+    out[K.SAMPLE_ID] = out[K.GROUP_ID] * cfg.n + torch.arange(cfg.n).repeat(batch_len(batch))
+    _log_metrics(ctx, generated[K.RESPONSE_MASK])
+    return out
+
+
+def _log_metrics(ctx: Any, response_mask: torch.Tensor) -> None:
+    """Mean response length in tokens, and the share of responses that filled all R tokens."""
+    samples = response_mask.shape[0]
+    lengths = response_mask.sum(dim=1)
+    ctx.metrics.log("rollout/response_length", lengths.mean(), weight=samples)
+    full = (lengths >= response_mask.shape[1]).float().mean()
+    ctx.metrics.log("rollout/response_clip_ratio", full, weight=samples)

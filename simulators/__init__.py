@@ -1,0 +1,1 @@
+"""Simulators (LIBERO, a fast MuJoCo task) and parallel simulator workers."""

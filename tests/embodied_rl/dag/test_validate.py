@@ -1,0 +1,169 @@
+"""Every DAG validation error names the node and the fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import embodied_rl.nodes  # noqa: F401  (registers the core node types)
+from embodied_rl import keys as K
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.dag.spec import DagValidationError, validate_dag
+from embodied_rl.registry import NODE_TYPES
+
+if "test.count_prompts" not in NODE_TYPES:
+    # A real (tiny) node type whose reads the dataloader satisfies.
+    register_node("test.count_prompts", reads=(K.PROMPT_TEXT,), writes=(K.REWARDS,))(
+        lambda ctx, batch: batch
+    )
+
+GOOD = [
+    {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+    {"id": "advantage", "type": "test.count_prompts", "deps": ["prompts"]},
+]
+
+
+def issues_of(nodes, num_workers=2) -> list[str]:
+    with pytest.raises(DagValidationError) as info:
+        validate_dag(nodes, num_workers)
+    return [str(issue) for issue in info.value.issues]
+
+
+def test_good_dag_validates():
+    dag = validate_dag(GOOD, 2)
+    assert [n.id for n in dag.nodes] == ["prompts", "advantage"]
+    assert dag.by_id["advantage"].global_batch == 8
+    assert dag.by_id["advantage"].reads == (K.PROMPT_TEXT,)
+
+
+def test_topological_order_follows_deps_not_yaml_order():
+    nodes = [
+        {"id": "b", "type": "data.prompts", "config": {"batch_size": 4}},
+        {"id": "a", "type": "data.prompts", "config": {"batch_size": 4}},
+    ]
+    dag = validate_dag(nodes, 2)
+    assert [n.id for n in dag.nodes] == ["b", "a"]
+    assert dag.by_id["a"].global_batch == 4
+
+
+def test_cycle_is_reported_with_its_path():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+        {"id": "x", "type": "ref.logprobs", "deps": ["prompts", "y"]},
+        {"id": "y", "type": "ref.logprobs", "deps": ["x"]},
+    ]
+    errors = issues_of(nodes)
+    cycle = [e for e in errors if "cycle" in e]
+    assert len(cycle) == 1
+    assert "x -> y -> x" in cycle[0] or "y -> x -> y" in cycle[0]
+    assert "Fix: remove one dependency" in cycle[0]
+
+
+def test_unknown_dependency_suggests_close_id():
+    nodes = copy.deepcopy(GOOD)
+    nodes[1]["deps"] = ["promts"]
+    errors = issues_of(nodes)
+    assert any(
+        "node 'advantage': unknown dependency 'promts' (did you mean 'prompts'?)" in e for e in errors
+    )
+
+
+def test_unknown_node_type_lists_registered_types():
+    nodes = copy.deepcopy(GOOD)
+    nodes[1]["type"] = "advantage.grp"
+    (error,) = issues_of(nodes)
+    assert "node 'advantage': unknown node type 'advantage.grp' (did you mean 'advantage.grpo'?)" in error
+    assert "use a registered type:" in error and "data.prompts" in error
+
+
+def test_duplicate_id():
+    nodes = copy.deepcopy(GOOD) + [{"id": "prompts", "type": "data.prompts"}]
+    (error,) = issues_of(nodes)
+    assert error.startswith("node 'prompts': duplicate node id")
+    assert "rename one of the nodes" in error
+
+
+def test_unreachable_node_without_source():
+    nodes = copy.deepcopy(GOOD) + [{"id": "lonely", "type": "test.count_prompts"}]
+    errors = issues_of(nodes)
+    assert any(
+        e.startswith("node 'lonely': unreachable") and "add a dep on 'prompts'" in e for e in errors
+    )
+
+
+def test_missing_input_key_names_the_keys():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+        {"id": "train", "type": "actor.train", "deps": ["prompts"]},
+    ]
+    (error,) = issues_of(nodes)
+    assert error.startswith("node 'train': reads [")
+    assert "'advantages'" in error and "'old_logprobs'" in error
+    assert "add a dep on a node that writes these keys" in error
+
+
+def test_kl_needs_reference_logprobs():
+    """kl_coef > 0 makes actor.train read REF_LOGPROBS: config-dependent reads."""
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+        {"id": "train", "type": "actor.train", "deps": ["prompts"], "config": {"kl_coef": 0.1}},
+    ]
+    (error,) = issues_of(nodes)
+    assert "'ref_logprobs'" in error
+
+
+def test_batch_not_divisible_by_dp_size():
+    nodes = [{"id": "prompts", "type": "data.prompts", "config": {"batch_size": 6}}]
+    (error,) = issues_of(nodes, num_workers=4)
+    assert "global batch of 6 samples is not divisible by its data-parallel size 4" in error
+    assert "multiple of 4" in error
+
+
+def test_tp_reduces_dp_size_for_divisibility():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 6}, "parallel": {"tp": 2}}
+    ]
+    dag = validate_dag(nodes, 4)  # dp = 2 divides 6
+    assert dag.by_id["prompts"].layout.dp_size == 2
+
+
+def test_node_on_more_workers_than_exist():
+    nodes = copy.deepcopy(GOOD)
+    nodes[1]["parallel"] = {"workers": [0, 1, 2, 5]}
+    (error,) = issues_of(nodes, num_workers=4)
+    assert "placed on workers [0, 1, 2, 5] but the run has only 4 worker(s)" in error
+    assert "raise workers.num_workers to at least 6" in error
+
+
+def test_num_workers_larger_than_run():
+    nodes = copy.deepcopy(GOOD)
+    nodes[0]["parallel"] = {"num_workers": 3}
+    (error,) = issues_of(nodes, num_workers=2)
+    assert "node 'prompts': placed on workers [0, 1, 2]" in error
+
+
+def test_unknown_node_config_key_lists_valid_keys():
+    nodes = copy.deepcopy(GOOD)
+    nodes[1]["type"] = "advantage.grpo"
+    nodes[1]["config"] = {"norm_by_sdt": False}
+    (error,) = issues_of(nodes)
+    assert "unknown config key(s) ['norm_by_sdt']" in error and "norm_by_std" in error
+
+
+def test_unknown_node_field():
+    nodes = copy.deepcopy(GOOD)
+    nodes[1]["dependencies"] = ["prompts"]
+    errors = issues_of(nodes)
+    assert any("unknown field(s) ['dependencies']" in e for e in errors)
+
+
+def test_all_problems_reported_at_once():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+        {"id": "a", "type": "nope"},
+        {"id": "b", "type": "advantage.grpo", "deps": ["zzz"]},
+    ]
+    errors = issues_of(nodes)
+    assert len(errors) >= 2
+    assert any("'a'" in e for e in errors) and any("'zzz'" in e for e in errors)
