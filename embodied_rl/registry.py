@@ -46,9 +46,7 @@ class Registry:
     def unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(name, self._items, n=3)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        return (
-            f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items)) or 'none'}."
-        )
+        return f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(sorted(self._items)) or 'none'}."
 
     def __contains__(self, name: str) -> bool:
         return name in self._items

@@ -206,8 +206,8 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     out = repeat_interleave(batch, cfg.n)
     out[K.PROMPT_IDS] = prompt_ids.repeat_interleave(cfg.n, dim=0)
     out[K.PROMPT_MASK] = prompt_mask.repeat_interleave(cfg.n, dim=0)
-    # A private RNG stream: reproducible from the step seed, and other nodes' random
-    # draws neither shift it nor are shifted by it.
+    # Sampling is reproducible from the step seed; the CPU RNG is restored afterwards so
+    # that this node does not shift the random draws of nodes that run after it.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("generate"))
         generated = _generate(policy, out, cfg)

@@ -122,8 +122,10 @@ def _drive(cfg: DictConfig, actors: list[Any], run_dir: Path, show_progress: boo
     records: list[Any] = []
     monitor = _Monitor(actors, records, run_dir)
     try:
-        address, port = monitor.result(0, actors[0].rendezvous_address.remote())
-        for rank, ref in enumerate([a.setup.remote(address, port) for a in actors]):
+        where = monitor.result(0, actors[0].rendezvous_address.remote())
+        for rank, ref in enumerate(
+            [a.setup.remote(where["address"], where["port"]) for a in actors]
+        ):
             monitor.result(rank, ref)
     except _WorkerError as failure:
         raise monitor._explain(failure.rank, failure.error) from None

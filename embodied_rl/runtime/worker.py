@@ -59,14 +59,14 @@ class DAGWorker:
         self._metrics: dict[str, float] = {}
 
     # ----------------------------------------------------------------------- set-up
-    def rendezvous_address(self) -> tuple[str, int]:
+    def rendezvous_address(self) -> dict[str, Any]:
         """Address and free port for torch.distributed's TCP store (asked of rank 0)."""
         import ray
 
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return {"address": ray.util.get_node_ip_address(), "port": port}
 
     def setup(self, address: str, port: int) -> dict[str, Any]:
         """Join the process group, create every sub-group, build nodes, restore a checkpoint."""

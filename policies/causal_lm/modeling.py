@@ -83,6 +83,11 @@ class CausalLMPolicy(torch.nn.Module):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            raise ValueError(
+                "the tokenizer has no pad token; load it with policies.causal_lm.load_tokenizer "
+                "(which uses eos as pad) or set tokenizer.pad_token"
+            )
         self.pad_token_id = int(tokenizer.pad_token_id)
         eos = _eos_token_ids(model, tokenizer)
         self.register_buffer("eos_ids", torch.tensor(eos, dtype=torch.long), persistent=False)

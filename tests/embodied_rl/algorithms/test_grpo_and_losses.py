@@ -59,8 +59,12 @@ def test_aggregation_modes_and_global_counts():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     counts = GlobalCounts(tokens=6.0, sequences=4.0)  # other ranks hold the rest
     assert aggregate(values, mask, "token-mean", counts).item() == pytest.approx(7 / 6)
-    assert aggregate(values, mask, "seq-mean-token-sum", counts).item() == pytest.approx((3 + 4) / 4)
-    assert aggregate(values, mask, "seq-mean-token-mean", counts).item() == pytest.approx((1.5 + 4) / 4)
+    assert aggregate(values, mask, "seq-mean-token-sum", counts).item() == pytest.approx(
+        (3 + 4) / 4
+    )
+    assert aggregate(values, mask, "seq-mean-token-mean", counts).item() == pytest.approx(
+        (1.5 + 4) / 4
+    )
 
 
 def test_split_shares_sum_to_the_whole_batch_loss():

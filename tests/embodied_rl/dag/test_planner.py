@@ -9,7 +9,12 @@ from embodied_rl.dag.spec import validate_dag
 
 def test_plan_places_nodes_and_transfers():
     nodes = [
-        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}, "parallel": {"workers": [0, 1]}},
+        {
+            "id": "prompts",
+            "type": "data.prompts",
+            "config": {"batch_size": 8},
+            "parallel": {"workers": [0, 1]},
+        },
         {"id": "all", "type": "data.prompts", "config": {"batch_size": 8}},
     ]
     dag = validate_dag(nodes, 4)
@@ -28,7 +33,12 @@ def test_transfer_between_layouts_involves_the_union():
     if "test.passthrough" not in NODE_TYPES:
         register_node("test.passthrough")(lambda ctx, batch: batch)
     nodes = [
-        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}, "parallel": {"workers": [0, 1]}},
+        {
+            "id": "prompts",
+            "type": "data.prompts",
+            "config": {"batch_size": 8},
+            "parallel": {"workers": [0, 1]},
+        },
         {"id": "wide", "type": "test.passthrough", "deps": ["prompts"], "parallel": {"tp": 2}},
         {"id": "same", "type": "test.passthrough", "deps": ["wide"], "parallel": {"tp": 2}},
     ]

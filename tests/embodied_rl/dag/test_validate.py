@@ -65,7 +65,8 @@ def test_unknown_dependency_suggests_close_id():
     nodes[1]["deps"] = ["promts"]
     errors = issues_of(nodes)
     assert any(
-        "node 'advantage': unknown dependency 'promts' (did you mean 'prompts'?)" in e for e in errors
+        "node 'advantage': unknown dependency 'promts' (did you mean 'prompts'?)" in e
+        for e in errors
     )
 
 
@@ -73,7 +74,10 @@ def test_unknown_node_type_lists_registered_types():
     nodes = copy.deepcopy(GOOD)
     nodes[1]["type"] = "advantage.grp"
     (error,) = issues_of(nodes)
-    assert "node 'advantage': unknown node type 'advantage.grp' (did you mean 'advantage.grpo'?)" in error
+    assert (
+        "node 'advantage': unknown node type 'advantage.grp' (did you mean 'advantage.grpo'?)"
+        in error
+    )
     assert "use a registered type:" in error and "data.prompts" in error
 
 
@@ -122,7 +126,12 @@ def test_batch_not_divisible_by_dp_size():
 
 def test_tp_reduces_dp_size_for_divisibility():
     nodes = [
-        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 6}, "parallel": {"tp": 2}}
+        {
+            "id": "prompts",
+            "type": "data.prompts",
+            "config": {"batch_size": 6},
+            "parallel": {"tp": 2},
+        }
     ]
     dag = validate_dag(nodes, 4)  # dp = 2 divides 6
     assert dag.by_id["prompts"].layout.dp_size == 2

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 
 import pytest
 import torch
+from omegaconf import open_dict
 
 from embodied_rl.cli import main
 from embodied_rl.runtime.config import compose
@@ -43,7 +45,10 @@ def test_train_writes_run_dir_and_driver_gets_only_small_records(tmp_path):
     png = (run_dir / "metrics.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step_000002",
+        "step_000003",
+    ]
     # The driver never receives batch data: every record is a small dict of scalars.
     assert result.records
     for record in result.records:
@@ -63,17 +68,21 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
         assert resumed[2][key] == pytest.approx(full[2][key], rel=1e-5, abs=1e-6), key
 
 
-def test_dead_worker_stops_the_run_naming_rank_and_node(tmp_path):
-    fault = [
-        "+dag.nodes.5={id: chaos, type: fault.inject, deps: [advantage], "
-        "config: {rank: 1, step: 1, mode: exit}}",
-        "dag.nodes.4.deps=[chaos]",
-    ]
+@pytest.mark.parametrize(("mode", "what"), [("exit", "died"), ("raise", "failed")])
+def test_failed_worker_stops_the_run_naming_rank_and_node(tmp_path, mode, what):
+    cfg = compose("grpo_llm", [*SMALL, f"run_dir={tmp_path}", "trainer.total_steps=3"])
+    with open_dict(cfg):
+        chaos = {"id": "chaos", "type": "fault.inject", "deps": ["advantage"]}
+        chaos["config"] = {"rank": 1, "step": 1, "mode": mode}
+        cfg.dag.nodes.append(chaos)
+        cfg.dag.nodes[4].deps = ["chaos"]  # train now runs after the fault node
+    started = time.monotonic()
     with pytest.raises(RunFailed) as info:
-        _run(tmp_path, "dies", "trainer.total_steps=3", *fault)
+        launch(cfg, show_progress=False)
     message = str(info.value)
-    assert "worker rank 1 died" in message
+    assert f"worker rank 1 {what}" in message
     assert "during node 'chaos' at step 1" in message
+    assert time.monotonic() - started < 120  # stopped, not hung on rank 0's collectives
 
 
 def test_cli_validate_and_plan(capsys):
@@ -86,3 +95,34 @@ def test_cli_validate_and_plan(capsys):
     assert "not divisible by its data-parallel size 2" in capsys.readouterr().err
     assert main(["validate", "--config-name", "grpo_llm", "trainer.totl_steps=3"]) == 2
     assert "totl_steps" in capsys.readouterr().err
+
+
+def test_grpo_with_reference_model_and_kl(tmp_path):
+    result = _run(
+        tmp_path, "kl", "dag=grpo_kl", "algorithm.actor.kl_coef=0.1", "trainer.total_steps=2"
+    )
+    lines = _metrics(result.run_dir)
+    # The reference starts identical to the actor: KL is exactly 0 before the first update.
+    assert lines[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert lines[1]["loss/kl"] > 0.0
+
+
+def test_layout_change_between_nodes_moves_data_between_workers(tmp_path):
+    """Rollout on worker 0 only, everything else on both: two transfers per step."""
+    result = _run(
+        tmp_path,
+        "layout",
+        "trainer.total_steps=2",
+        "+dag.nodes.1.parallel={workers: [0]}",
+    )
+    lines = _metrics(result.run_dir)
+    assert [m["step"] for m in lines] == [0, 1]
+    assert all(0.0 <= m["reward/mean"] <= 1.0 for m in lines)
+    # Both training ranks hold identical weights: the gradient all-reduce worked.
+    from embodied_rl.checkpoint import latest_checkpoint, load_rank_shard
+
+    ckpt = latest_checkpoint(result.run_dir / "checkpoints")
+    weights = [load_rank_shard(ckpt, r, world_size=2)["models"]["model/actor"] for r in (0, 1)]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
