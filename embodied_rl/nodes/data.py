@@ -38,6 +38,10 @@ class PromptDataConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.on_bad_row not in ("error", "drop"):
             raise ValueError(f"on_bad_row must be 'error' or 'drop', got {self.on_bad_row!r}")
+        try:  # fail at validation time, not inside a worker
+            resolve_data_path(self.path)
+        except FileNotFoundError as err:
+            raise ValueError(str(err)) from None
 
 
 def resolve_data_path(path: str) -> Path:
@@ -48,8 +52,9 @@ def resolve_data_path(path: str) -> Path:
     from_repo = REPO_ROOT / path
     if from_repo.exists():
         return from_repo
+    places = sorted({str(Path.cwd()), str(REPO_ROOT)})
     raise FileNotFoundError(
-        f"data file {path!r} not found (looked in {Path.cwd()} and {REPO_ROOT}); "
+        f"data file {path!r} not found (looked in {' and '.join(places)}); "
         "set data.train_path to an existing JSONL or Parquet file"
     )
 

@@ -42,6 +42,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     collective_timeout_s: float = 300.0
     plot_keys: tuple[str, ...] = ("reward/mean",)
+    log_to_console: bool = True  # rank 0 prints a line per step (off under a progress bar)
 
 
 @dataclass

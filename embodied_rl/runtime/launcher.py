@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -94,6 +95,9 @@ def launch(cfg: DictConfig, show_progress: bool = True) -> RunResult:
     try:
         ray.get(group.ready(), timeout=120)
         plain_cfg = OmegaConf.to_container(cfg, resolve=True)
+        show_progress = show_progress and sys.stderr.isatty()
+        if show_progress:  # one display: the driver's bar instead of rank 0's step lines
+            plain_cfg["trainer"]["log_to_console"] = False
         actor_cls = ray.remote(DAGWorker)
         for rank in range(n):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
@@ -167,14 +171,16 @@ class _Monitor:
         import ray
 
         where = self._last_known(rank)
-        node, step = where.get("node"), where.get("step")
         if isinstance(err, ray.exceptions.RayActorError):
             what = "died (its process exited or was killed)"
         else:
             what = "failed"
+        if where.get("node") is not None:
+            place = f"node {where['node']!r} at step {where.get('step')}"
+        else:
+            place = f"{where.get('phase') or 'setup'} (before any node ran)"
         return RunFailed(
-            f"worker rank {rank} {what} during node {node!r} at step {step}; "
-            f"the run was stopped. Cause: {err}"
+            f"worker rank {rank} {what} during {place}; the run was stopped. Cause: {err}"
         )
 
     def _last_known(self, rank: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from embodied_rl.data.batch import merge
 from embodied_rl.data.databuffer import redistribute
 from embodied_rl.devices import device_spec
 from embodied_rl.metrics import RunLogger, reduce_records
-from embodied_rl.runtime.config import dag_from_config, load_all_plugins
+from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.models import ModelStore
 
@@ -44,7 +44,8 @@ class DAGWorker:
         self.cfg = OmegaConf.create(cfg)
         self.rank, self.world_size = rank, world_size
         self.run_dir = Path(run_dir)
-        torch.set_num_threads(int(self.cfg.workers.torch_threads))
+        self.trainer = section(self.cfg, "trainer")
+        torch.set_num_threads(section(self.cfg, "workers").torch_threads)
         load_all_plugins(self.cfg)
         self.dag = dag_from_config(self.cfg, world_size)
         plans = plan_dag(self.dag)
@@ -71,7 +72,7 @@ class DAGWorker:
     def setup(self, address: str, port: int) -> dict[str, Any]:
         """Join the process group, create every sub-group, build nodes, restore a checkpoint."""
         self._status["phase"] = "setup"
-        timeout = timedelta(seconds=float(self.cfg.trainer.collective_timeout_s))
+        timeout = timedelta(seconds=self.trainer.collective_timeout_s)
         dist.init_process_group(
             self.device_spec.backend,
             init_method=f"tcp://{address}:{port}",
@@ -119,15 +120,18 @@ class DAGWorker:
         return zlib.crc32(key.encode())
 
     def _make_logger(self) -> RunLogger:
-        total = int(self.cfg.trainer.total_steps)
-        plot_keys = tuple(self.cfg.trainer.get("plot_keys", ("reward/mean",)))
-        return RunLogger(self.run_dir, total, start_step=self.start_step, plot_keys=plot_keys)
+        return RunLogger(
+            self.run_dir,
+            self.trainer.total_steps,
+            start_step=self.start_step,
+            plot_keys=tuple(self.trainer.plot_keys),
+            console=self.trainer.log_to_console,
+        )
 
     # ----------------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
         """Run steps ``start_step .. total_steps-1``; returns a small summary record."""
-        total = int(self.cfg.trainer.total_steps)
-        every = int(self.cfg.trainer.checkpoint_every)
+        total, every = self.trainer.total_steps, self.trainer.checkpoint_every
         for step in range(self.start_step, total):
             started = time.perf_counter()
             self._run_step(step)
@@ -218,7 +222,7 @@ class DAGWorker:
         checkpoint.write_rank_shard(self._checkpoint_root(), completed_steps, self.rank, state)
         dist.barrier()
         if self.rank == 0:
-            keep = int(self.cfg.trainer.keep_checkpoints)
+            keep = self.trainer.keep_checkpoints
             checkpoint.finalize(
                 self._checkpoint_root(), completed_steps, self.world_size, keep_last=keep
             )

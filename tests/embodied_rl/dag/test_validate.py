@@ -176,3 +176,10 @@ def test_all_problems_reported_at_once():
     errors = issues_of(nodes)
     assert len(errors) >= 2
     assert any("'a'" in e for e in errors) and any("'zzz'" in e for e in errors)
+
+
+def test_missing_data_file_fails_validation():
+    nodes = [{"id": "prompts", "type": "data.prompts", "config": {"path": "no/such.jsonl"}}]
+    (error,) = issues_of(nodes)
+    assert "data file 'no/such.jsonl' not found" in error
+    assert "set data.train_path to an existing JSONL or Parquet file" in error
