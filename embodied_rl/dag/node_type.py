@@ -34,6 +34,9 @@ class NodeType:
         config_cls: dataclass of the node's options; ``None`` means the node takes none.
         batch_factor: samples out per sample in (``rollout.n``); a function of the node config.
         setup: ``setup(ctx)`` called once per worker before the first step (build state).
+        resamples: the node may call ``ctx.resample()`` to re-run its upstream nodes for more
+            data in the same step (dynamic sampling); all its ancestors must then run on a
+            subset of its workers, so every worker involved takes part in each re-run.
     """
 
     name: str
@@ -44,6 +47,7 @@ class NodeType:
     config_cls: type | None = None
     batch_factor: Callable[[Any], int] | None = None
     setup: Callable[[Any], None] | None = None
+    resamples: bool = False
 
     def build_config(self, raw: Mapping[str, Any] | None) -> Any:
         """Turn the YAML ``config:`` mapping into the node's config dataclass."""
@@ -86,13 +90,14 @@ def register_node(
     config: type | None = None,
     batch_factor: Callable[[Any], int] | None = None,
     setup: Callable[[Any], None] | None = None,
+    resamples: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering ``fn(ctx, batch) -> batch`` as node type ``name``."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         NODE_TYPES.register(
             name,
-            NodeType(name, fn, reads, writes, source, config, batch_factor, setup),
+            NodeType(name, fn, reads, writes, source, config, batch_factor, setup, resamples),
         )
         return fn
 

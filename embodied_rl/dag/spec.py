@@ -70,6 +70,17 @@ class DagSpec:
     def consumers(self, node_id: str) -> list[NodeSpec]:
         return [n for n in self.nodes if node_id in n.deps]
 
+    def ancestors(self, node_id: str) -> set[str]:
+        """Every node that feeds ``node_id``, directly or through other nodes."""
+        found: set[str] = set()
+        todo = list(self.by_id[node_id].deps)
+        while todo:
+            dep = todo.pop()
+            if dep not in found:
+                found.add(dep)
+                todo.extend(self.by_id[dep].deps)
+        return found
+
 
 def _suggest(name: str, options: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(options), n=1)
@@ -325,4 +336,28 @@ def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
         _check_batches_and_keys(order, issues)
     if issues:
         raise DagValidationError(issues)
-    return DagSpec(order, num_workers)
+    dag = DagSpec(order, num_workers)
+    _check_resampling(dag, issues)
+    if issues:
+        raise DagValidationError(issues)
+    return dag
+
+
+def _check_resampling(dag: DagSpec, issues: list[DagIssue]) -> None:
+    """A resampling node re-runs its ancestors; all their workers must take part in it."""
+    for node in dag.nodes:
+        if not node.type.resamples:
+            continue
+        outside = sorted(
+            {r for a in dag.ancestors(node.id) for r in dag.by_id[a].layout.ranks}
+            - set(node.layout.ranks)
+        )
+        if outside:
+            issues.append(
+                DagIssue(
+                    node.id,
+                    f"re-runs its upstream nodes, which also run on worker(s) {outside} "
+                    "where it does not run",
+                    "place the node on every worker its upstream nodes use",
+                )
+            )

@@ -15,9 +15,9 @@ Supported files:
   holding this rank's rows are read, and only the needed rows are converted to Python.
 
 Fields: ``prompt`` becomes ``keys.PROMPT_TEXT``, ``answer`` (when the file has it) becomes
-``keys.ANSWER_TEXT``; ``keys.SAMPLE_ID`` is the position of the sample in the step's global
-batch (``0..B-1``, unique within the step on all ranks together) and ``keys.ROW_INDEX`` is the
-row's index in the file.
+``keys.ANSWER_TEXT``; ``keys.SAMPLE_ID`` is ``k * B + position`` for the loader's k-th global
+batch (unique over the run on all ranks together) and ``keys.ROW_INDEX`` is the row's index
+in the file.
 """
 
 from __future__ import annotations
@@ -320,7 +320,10 @@ class ShardedPromptLoader:
         first = self.dp_rank * b
         rows = self.global_rows(self.epoch, self.step_in_epoch)[first : first + b].tolist()
         records = self._source.read(rows)
-        batch = self._to_batch(rows, range(first, first + b), records)
+        # Sample ids are unique over the whole run (not only within a step), so batches drawn
+        # again within one step (dynamic-sampling refills) never share a group id.
+        offset = (self.epoch * self.steps_per_epoch + self.step_in_epoch) * self.global_batch_size
+        batch = self._to_batch(rows, range(offset + first, offset + first + b), records)
         # Advance only after the rows were read, so a raised error leaves the position as is.
         self.step_in_epoch += 1
         if self.step_in_epoch >= self.steps_per_epoch:

@@ -71,6 +71,9 @@ class NodeContext:
         metrics: where the node logs scalars.
         device: the torch device of this worker.
         run_dir: the run directory (shared file system assumed only for rank 0 outputs).
+        resample: for node types declared with ``resamples=True``: re-run the node's upstream
+            nodes for this step and return a fresh input batch (a collective call: every
+            worker of the node must call it the same number of times).
     """
 
     cfg: Any
@@ -87,6 +90,7 @@ class NodeContext:
     device: torch.device
     run_dir: Path
     seed_fn: Callable[[str], int] = field(default=lambda tag: 0)
+    resample: Callable[[], Any] | None = None
 
     @property
     def dp_rank(self) -> int:

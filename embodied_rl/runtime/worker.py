@@ -56,6 +56,7 @@ class DAGWorker:
         self.models = ModelStore(OmegaConf.to_container(self.cfg.models, resolve=True), self.device)
         self.sink = MetricSink()
         self.start_step = 0
+        self._round = 0  # dynamic-sampling refill round within the current step
         self._status: dict[str, Any] = {"rank": rank, "step": -1, "node": None, "phase": "created"}
         self._metrics: dict[str, float] = {}
 
@@ -116,7 +117,9 @@ class DAGWorker:
         )
 
     def _seed_for(self, tag: str) -> int:
-        key = f"{self.cfg.seed}/{self._status['step']}/{self.rank}/{tag}"
+        """Seed of (run seed, step, refill round, rank, tag): reproducible after resume."""
+        round_part = f"r{self._round}/" if self._round else ""
+        key = f"{self.cfg.seed}/{self._status['step']}/{round_part}{self.rank}/{tag}"
         return zlib.crc32(key.encode())
 
     def _make_logger(self) -> RunLogger:
@@ -147,10 +150,18 @@ class DAGWorker:
 
     def _run_step(self, step: int) -> None:
         """Walk this rank's plan once: node outputs and received transfers stay local."""
-        outputs: dict[str, TensorDict] = {}
-        received: dict[tuple[str, str], TensorDict] = {}
+        self._round = 0
         self._status["step"] = step
-        for item in self.plan.steps:
+        self._walk(self.plan.steps, step, {}, {})
+
+    def _walk(
+        self,
+        steps: list[RunNode | Transfer],
+        step: int,
+        outputs: dict[str, TensorDict],
+        received: dict[tuple[str, str], TensorDict],
+    ) -> None:
+        for item in steps:
             if isinstance(item, Transfer):
                 self._set_status(step, "transfer", f"{item.src_node}->{item.dst_node}")
                 out = redistribute(
@@ -164,25 +175,47 @@ class DAGWorker:
                 if out is not None:
                     received[(item.dst_node, item.src_node)] = out
             else:
-                outputs[item.node_id] = self._run_node(item.node_id, step, outputs, received)
+                batch = self._node_input(item.node_id, outputs, received)
+                outputs[item.node_id] = self._run_node(item.node_id, step, batch)
 
-    def _run_node(
+    def _node_input(
         self,
         node_id: str,
-        step: int,
         outputs: dict[str, TensorDict],
         received: dict[tuple[str, str], TensorDict],
-    ) -> TensorDict:
-        node = self.dag.by_id[node_id]
-        self._set_status(step, "node", node_id)
+    ) -> TensorDict | None:
+        """The merged outputs of a node's deps, as laid out for this node."""
         deps = [
             received.pop((node_id, d)) if (node_id, d) in received else outputs[d]
-            for d in node.deps
+            for d in self.dag.by_id[node_id].deps
         ]
         # A shallow copy: the node may add fields without touching its deps' outputs.
-        batch = merge(deps).clone(recurse=False) if deps else None
+        return merge(deps).clone(recurse=False) if deps else None
+
+    def _resample(self, node_id: str, step: int) -> TensorDict | None:
+        """Re-run ``node_id``'s upstream part of the plan (a new round of this step)."""
+        self._round += 1
+        region = self.dag.ancestors(node_id)
+        targets = region | {node_id}
+        steps = [
+            s
+            for s in self.plan.steps
+            if (isinstance(s, RunNode) and s.node_id in region)
+            or (isinstance(s, Transfer) and s.src_node in region and s.dst_node in targets)
+        ]
+        outputs: dict[str, TensorDict] = {}
+        received: dict[tuple[str, str], TensorDict] = {}
+        self._walk(steps, step, outputs, received)
+        self._set_status(step, "node", node_id)
+        return self._node_input(node_id, outputs, received)
+
+    def _run_node(self, node_id: str, step: int, batch: TensorDict | None) -> TensorDict:
+        node = self.dag.by_id[node_id]
+        self._set_status(step, "node", node_id)
         ctx = self.contexts[node_id]
         ctx.step = step
+        if node.type.resamples:
+            ctx.resample = lambda: self._resample(node_id, step)
         started = time.perf_counter()
         try:
             out = node.type.fn(ctx, batch)

@@ -14,7 +14,7 @@ from embodied_rl.registry import NODE_TYPES
 
 if "test.count_prompts" not in NODE_TYPES:
     # A real (tiny) node type whose reads the dataloader satisfies.
-    register_node("test.count_prompts", reads=(K.PROMPT_TEXT,), writes=(K.REWARDS,))(
+    register_node("test.count_prompts", reads=(K.PROMPT_TEXT,), writes=(K.REWARDS, K.GROUP_ID))(
         lambda ctx, batch: batch
     )
 
@@ -183,3 +183,22 @@ def test_missing_data_file_fails_validation():
     (error,) = issues_of(nodes)
     assert "data file 'no/such.jsonl' not found" in error
     assert "set data.train_path to an existing JSONL or Parquet file" in error
+
+
+def test_resampling_node_must_run_on_its_upstream_workers():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}},
+        {"id": "score", "type": "test.count_prompts", "deps": ["prompts"]},
+        {
+            "id": "filter",
+            "type": "filter.dynamic_sampling",
+            "deps": ["score"],
+            "parallel": {"workers": [0]},
+        },
+    ]
+    errors = issues_of(nodes)
+    assert any(
+        "node 'filter': re-runs its upstream nodes, which also run on worker(s) [1]" in e
+        and "place the node on every worker its upstream nodes use" in e
+        for e in errors
+    )

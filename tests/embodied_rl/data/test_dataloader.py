@@ -52,7 +52,10 @@ def test_union_of_ranks_is_the_global_batch_without_overlap(tmp_path: Path, dp_s
         rows = torch.cat([b[K.ROW_INDEX] for b in batches]).tolist()
         assert rows == _expected_rows(24, 7, 0, step, 8)
         assert len(set(rows)) == 8
-        assert torch.cat([b[K.SAMPLE_ID] for b in batches]).tolist() == list(range(8))
+        # unique over the run: step k's ids are k*B .. k*B+B-1
+        assert torch.cat([b[K.SAMPLE_ID] for b in batches]).tolist() == list(
+            range(8 * step, 8 * step + 8)
+        )
         for batch in batches:
             assert len(batch) == 8 // dp_size
             row_ids = batch[K.ROW_INDEX].tolist()
