@@ -26,6 +26,7 @@ RESPONSE_TEXT = "response_text"  # non-tensor str per sample
 OLD_LOGPROBS = "old_logprobs"  # (B, R) log pi_old of each response token
 REF_LOGPROBS = "ref_logprobs"  # (B, R) log pi_ref of each response token
 REWARDS = "rewards"  # (B,) float32 scalar reward per sample
+TOKEN_REWARDS = "token_rewards"  # (B, R) float32 per-token reward
 ADVANTAGES = "advantages"  # (B, R) float32, broadcast over valid tokens/steps
 VALUES = "values"  # (B, R) float32 critic values
 RETURNS = "returns"  # (B, R) float32
@@ -35,10 +36,13 @@ OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8
 OBS_STATE = "obs_state"  # (B, T, S) float32 proprio
 ACTIONS = "actions"  # (B, T, A) float32 continuous actions
 ACTION_TOKENS = "action_tokens"  # (B, T, K) int64 discrete action tokens
+RAW_ACTIONS = "raw_actions"  # (B, T, K) float32 sampled pre-squash continuous actions
 STEP_MASK = "step_mask"  # (B, T) float32, 1 = step before (and at) finish
 FINISH_STEP = "finish_step"  # (B,) int64
 SUCCESS = "success"  # (B,) bool
 TASK_ID = "task_id"  # (B,) int64
 INIT_STATE_ID = "init_state_id"  # (B,) int64
+FRAMES = "frames"  # (B, T, H, W, 3) uint8 video frames (SRPO encoder, eval videos)
+TRAJ_EMBEDDING = "traj_embedding"  # (B, D) float32, all zero = invalid trajectory
 
 ALL_KEYS = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))

@@ -3,4 +3,9 @@
 import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
 
 # isort: split
-from policies import causal_lm  # noqa: F401  (registers "causal_lm")
+from policies import (
+    causal_lm,  # noqa: F401  (registers "causal_lm")
+    mlp,  # noqa: F401  (registers "mlp")
+    openvla,  # noqa: F401  (registers "openvla")
+    openvla_oft,  # noqa: F401  (registers "openvla_oft")
+)

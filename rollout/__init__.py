@@ -1,3 +1,4 @@
 """Rollout nodes. Importing this package registers them in ``embodied_rl.registry``."""
 
-from rollout import llm  # noqa: F401  (registers "rollout.llm")
+# Registers "rollout.env", "rollout.llm", "encode.video" and the video encoders.
+from rollout import encoders, env, llm  # noqa: F401

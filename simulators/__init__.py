@@ -1,1 +1,21 @@
-"""Simulators (LIBERO, a fast MuJoCo task) and parallel simulator workers."""
+"""Simulators (LIBERO, a fast MuJoCo task) and parallel simulator workers.
+
+Importing this package registers every simulator in ``embodied_rl.registry.SIMULATORS``.
+"""
+
+import embodied_rl  # noqa: F401  (first: installs the torchvision fix, also in spawned children)
+
+# isort: split
+from simulators import reach, workers  # noqa: F401  (registers "reach")
+from simulators.base import EnvSpec, Obs, StepResult, VectorEnv, check_vector_env
+from simulators.workers import ProcessVectorEnv, make_vector_env
+
+__all__ = [
+    "EnvSpec",
+    "Obs",
+    "ProcessVectorEnv",
+    "StepResult",
+    "VectorEnv",
+    "check_vector_env",
+    "make_vector_env",
+]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import math
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
+from embodied_rl.data.sampler import EpochSampler
 
 logger = logging.getLogger(__name__)
 
@@ -225,21 +225,25 @@ class ShardedPromptLoader:
                 ``B`` rows.
             on_bad_row: ``"error"`` (default: raise ``ValueError``) or ``"drop"``.
         """
-        _check_layout(global_batch_size, dp_rank, dp_size)
         if on_bad_row not in _BAD_ROW_MODES:
             raise ValueError(f"on_bad_row must be one of {_BAD_ROW_MODES}, got {on_bad_row!r}")
         self.path = Path(path)
-        self.global_batch_size = global_batch_size
-        self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.on_bad_row = on_bad_row
         fields = tuple(dict.fromkeys(("prompt", *required_fields)))
         self._source = _open_source(self.path, (*fields, "answer"))
         self._check_columns(fields)
         self.num_rows = self._source.num_rows
-        self.steps_per_epoch = self._count_steps()
-        self.epoch, self.step_in_epoch, self.dropped_rows = 0, 0, 0
-        self._perm: tuple[int, torch.Tensor] | None = None
+        self.sampler = EpochSampler(
+            self.num_rows,
+            global_batch_size=global_batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            source=str(self.path),
+        )
+        self.dropped_rows = 0
         self._has_answer = self._probe_answer(fields)
         self._fields = fields + (("answer",) if self._has_answer else ())
 
@@ -247,9 +251,25 @@ class ShardedPromptLoader:
     def rows_parsed(self) -> int:
         return self._source.rows_parsed
 
-    @property
-    def local_batch_size(self) -> int:
-        return self.global_batch_size // self.dp_size
+    # The position and layout live in the sampler; these read them for callers and tests.
+    global_batch_size = property(lambda self: self.sampler.global_batch_size)
+    dp_rank = property(lambda self: self.sampler.dp_rank)
+    dp_size = property(lambda self: self.sampler.dp_size)
+    seed = property(lambda self: self.sampler.seed)
+    shuffle = property(lambda self: self.sampler.shuffle)
+    drop_last = property(lambda self: self.sampler.drop_last)
+    steps_per_epoch = property(lambda self: self.sampler.steps_per_epoch)
+    local_batch_size = property(lambda self: self.sampler.local_batch_size)
+    epoch = property(lambda self: self.sampler.epoch)
+    step_in_epoch = property(lambda self: self.sampler.step_in_epoch)
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The order of all row indices in ``epoch`` (the same on every rank)."""
+        return self.sampler.permutation(epoch)
+
+    def global_rows(self, epoch: int, step_in_epoch: int) -> torch.Tensor:
+        """Row indices of the whole global batch at a position (all ranks together)."""
+        return self.sampler.global_rows(epoch, step_in_epoch)
 
     def _check_columns(self, fields: Sequence[str]) -> None:
         columns = self._source.columns
@@ -259,16 +279,6 @@ class ShardedPromptLoader:
                 f"{self.path} has no column(s) {missing} (columns: {sorted(columns or ())}); "
                 "add them to the file or remove them from required_fields"
             )
-
-    def _count_steps(self) -> int:
-        n, b = self.num_rows, self.global_batch_size
-        steps = n // b if self.drop_last else math.ceil(n / b)
-        if steps == 0:
-            raise ValueError(
-                f"{self.path} has {n} rows, fewer than global_batch_size={b}; lower the batch "
-                "size, add rows, or pass drop_last=False to repeat rows within an epoch"
-            )
-        return steps
 
     def _probe_answer(self, fields: Sequence[str]) -> bool:
         """Whether the file carries answers: the schema, or the first valid JSONL row."""
@@ -295,39 +305,12 @@ class ShardedPromptLoader:
         self.dropped_rows += 1
         logger.warning("dropping bad prompt row: %s", message)
 
-    def permutation(self, epoch: int) -> torch.Tensor:
-        """The order of all row indices in ``epoch`` (the same on every rank)."""
-        if self._perm is None or self._perm[0] != epoch:
-            if self.shuffle:
-                generator = torch.Generator().manual_seed(self.seed + epoch)
-                perm = torch.randperm(self.num_rows, generator=generator)
-            else:
-                perm = torch.arange(self.num_rows)
-            self._perm = (epoch, perm)
-        return self._perm[1]
-
-    def global_rows(self, epoch: int, step_in_epoch: int) -> torch.Tensor:
-        """Row indices of the whole global batch at a position (all ranks together)."""
-        start = step_in_epoch * self.global_batch_size
-        # The modulo only matters with drop_last=False: it fills the last batch from the
-        # start of the same epoch's order.
-        positions = torch.arange(start, start + self.global_batch_size) % self.num_rows
-        return self.permutation(epoch)[positions]
-
     def next_batch(self) -> TensorDict:
         """This rank's rows of the next global step, as a batch; advances the position."""
-        b = self.local_batch_size
-        first = self.dp_rank * b
-        rows = self.global_rows(self.epoch, self.step_in_epoch)[first : first + b].tolist()
-        records = self._source.read(rows)
-        # Sample ids are unique over the whole run (not only within a step), so batches drawn
-        # again within one step (dynamic-sampling refills) never share a group id.
-        offset = (self.epoch * self.steps_per_epoch + self.step_in_epoch) * self.global_batch_size
-        batch = self._to_batch(rows, range(offset + first, offset + first + b), records)
+        rows, sample_ids = self.sampler.current()
+        batch = self._to_batch(rows, sample_ids, self._source.read(rows))
         # Advance only after the rows were read, so a raised error leaves the position as is.
-        self.step_in_epoch += 1
-        if self.step_in_epoch >= self.steps_per_epoch:
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self.sampler.advance()
         return batch
 
     def _to_batch(
@@ -366,16 +349,9 @@ class ShardedPromptLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position and the settings it depends on; plain Python values only."""
-        return {
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "seed": self.seed,
-            "global_batch_size": self.global_batch_size,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "dropped_rows": self.dropped_rows,
-            "file": self.fingerprint(),
-        }
+        state = self.sampler.state_dict()
+        state.update(dropped_rows=self.dropped_rows, file=self.fingerprint())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; refuses a different file or batch layout.
@@ -384,21 +360,10 @@ class ShardedPromptLoader:
         because the resumed run must see the batches the interrupted one would have seen.
         """
         self._check_same_file(state["file"])
-        for name in ("global_batch_size", "shuffle", "drop_last"):
-            if state[name] != getattr(self, name):
-                raise ValueError(
-                    f"loader state was saved with {name}={state[name]!r} but this loader has "
-                    f"{name}={getattr(self, name)!r}; resume with the same setting or start "
-                    "a fresh run"
-                )
         if state["seed"] != self.seed:
             logger.warning("resuming loader with saved seed %s, not %s", state["seed"], self.seed)
-        if not 0 <= state["step_in_epoch"] < self.steps_per_epoch:
-            raise ValueError(f"saved step_in_epoch {state['step_in_epoch']} is out of range")
-        self.seed = int(state["seed"])
-        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.sampler.load_state_dict(state)
         self.dropped_rows = int(state["dropped_rows"])
-        self._perm = None
 
     def _check_same_file(self, saved: dict[str, Any]) -> None:
         current = self.fingerprint()
@@ -408,14 +373,3 @@ class ShardedPromptLoader:
                 f"{saved['rows']} rows, but {self.path} has {current['size']} bytes and "
                 f"{current['rows']} rows; resume with the same data file or start a fresh run"
             )
-
-
-def _check_layout(global_batch_size: int, dp_rank: int, dp_size: int) -> None:
-    if dp_size < 1 or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank}, dp_size={dp_size}")
-    if global_batch_size < 1 or global_batch_size % dp_size != 0:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} is not a positive multiple of "
-            f"dp_size={dp_size}; change the batch size to a multiple of {dp_size} (e.g. "
-            f"{max(dp_size, global_batch_size // dp_size * dp_size)}) or change the layout"
-        )

@@ -3,4 +3,4 @@
 Importing this package registers them; plugin packages register rollout and reward nodes.
 """
 
-from embodied_rl.nodes import advantage, data, faults, filters, train  # noqa: F401
+from embodied_rl.nodes import advantage, critic, data, faults, filters, rewards, srpo, train  # noqa: F401

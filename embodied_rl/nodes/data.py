@@ -1,4 +1,4 @@
-"""The source node: each data-parallel rank reads its own shard of the prompt file."""
+"""Source nodes: each data-parallel rank reads its own shard of prompts or task manifests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.dataloader import ShardedPromptLoader
+from embodied_rl.data.tasks import TaskManifestLoader, manifest, split_init_states
 from embodied_rl.runtime.context import NodeContext
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +83,71 @@ def setup_loader(ctx: NodeContext) -> None:
 def prompts_node(ctx: NodeContext, batch: None) -> TensorDict:
     """Next step's prompts of this rank: (B / dp) rows of the shuffled file."""
     loader: ShardedPromptLoader = ctx.state[LOADER_STATE]
+    out = loader.next_batch()
+    ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
+    return out
+
+
+@dataclass
+class TaskDataConfig:
+    """Options of ``data.tasks``: which (task, init state) pairs a step trains on.
+
+    Attributes:
+        num_tasks / num_init_states: the simulator suite's sizes (from its config group).
+        tasks: task ids to use (``None``: all).
+        split: ``train``, ``heldout`` or ``all`` init states.
+        heldout_every: every n-th init state is held out for evaluation (0: none).
+        batch_size: (task, init state) pairs per step over ALL ranks; each becomes a group of
+            ``group_size`` rollouts in ``rollout.env``.
+        shuffle: reshuffle every epoch.
+    """
+
+    num_tasks: int = 1
+    num_init_states: int = 1
+    tasks: list[int] | None = None
+    split: str = "train"
+    heldout_every: int = 5
+    batch_size: int = 2
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tasks is not None:
+            bad = [t for t in self.tasks if not 0 <= t < self.num_tasks]
+            if bad:
+                raise ValueError(f"task ids {bad} are outside 0..{self.num_tasks - 1}")
+        split_init_states(self.num_init_states, self.heldout_every, self.split)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    def rows(self) -> list[tuple[int, int]]:
+        tasks = self.tasks if self.tasks is not None else list(range(self.num_tasks))
+        return manifest(
+            tasks, split_init_states(self.num_init_states, self.heldout_every, self.split)
+        )
+
+
+def setup_task_loader(ctx: NodeContext) -> None:
+    cfg: TaskDataConfig = ctx.node_config
+    ctx.state[LOADER_STATE] = TaskManifestLoader(
+        cfg.rows(),
+        global_batch_size=cfg.batch_size,
+        dp_rank=ctx.dp_rank,
+        dp_size=ctx.dp_size,
+        seed=int(ctx.cfg.seed),
+        shuffle=cfg.shuffle,
+    )
+
+
+@register_node(
+    "data.tasks",
+    writes=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
+    source=True,
+    config=TaskDataConfig,
+    setup=setup_task_loader,
+)
+def tasks_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """Next step's (task, init state) rows of this rank."""
+    loader: TaskManifestLoader = ctx.state[LOADER_STATE]
     out = loader.next_batch()
     ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
     return out

@@ -15,17 +15,33 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.algorithms.losses import (
     KL_ESTIMATORS,
-    LOSS_AGG_MODES,
+    ClipSpec,
     GlobalCounts,
     aggregate,
+    check_aggregation,
     kl_penalty,
-    ppo_clip_loss,
+    policy_loss,
 )
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
 from embodied_rl.runtime.context import NodeContext
 
-EVALUATE_KEYS = (K.PROMPT_IDS, K.PROMPT_MASK, K.RESPONSE_IDS, K.RESPONSE_MASK)
+# What ``policy.evaluate`` reads, by the kind of data the policy scores (interfaces.py).
+EVALUATE_KEYS = {
+    "text": (K.PROMPT_IDS, K.PROMPT_MASK, K.RESPONSE_IDS, K.RESPONSE_MASK),
+    "trajectory": (K.STEP_MASK, K.RESPONSE_MASK),
+}
+
+
+def evaluate_keys(inputs: str) -> tuple[str, ...]:
+    """Batch keys a policy's ``evaluate`` needs: ``text`` (LLM) or ``trajectory`` (embodied).
+
+    A trajectory policy also reads its own observation and action keys (OBS_STATE and/or
+    OBS_IMAGE, ACTION_TOKENS or RAW_ACTIONS), which depend on the policy and are checked by it.
+    """
+    if inputs not in EVALUATE_KEYS:
+        raise ValueError(f"inputs must be one of {sorted(EVALUATE_KEYS)}, got {inputs!r}")
+    return EVALUATE_KEYS[inputs]
 
 
 @dataclass
@@ -35,10 +51,17 @@ class RefLogprobConfig:
     model: str = "reference"
     temperature: float = 1.0
     micro_batch_size: int = 16
+    inputs: str = "text"
+
+    def __post_init__(self) -> None:
+        evaluate_keys(self.inputs)
 
 
 @register_node(
-    "ref.logprobs", reads=EVALUATE_KEYS, writes=(K.REF_LOGPROBS,), config=RefLogprobConfig
+    "ref.logprobs",
+    reads=lambda c: evaluate_keys(c.inputs),
+    writes=(K.REF_LOGPROBS,),
+    config=RefLogprobConfig,
 )
 def ref_logprobs_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """REF_LOGPROBS (B, R) of the frozen reference policy."""
@@ -48,7 +71,7 @@ def ref_logprobs_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     with torch.no_grad():
         for rows in torch.arange(batch_len(batch)).split(max(cfg.micro_batch_size, 1)):
             chunks.append(policy.evaluate(batch[rows], cfg.temperature)[0])
-    width = batch[K.RESPONSE_IDS].shape[-1]
+    width = batch[K.RESPONSE_MASK].shape[-1]
     batch[K.REF_LOGPROBS] = torch.cat(chunks) if chunks else torch.zeros(0, width)
     return batch
 
@@ -62,19 +85,38 @@ class ActorTrainConfig:
         ppo_epochs: passes over the batch per step.
         num_mini_batches: optimizer steps per epoch; each rank splits its shard into this many.
         micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
-        clip_ratio_low / clip_ratio_high: PPO clip range ``[1-low, 1+high]``.
-        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
+        clip_ratio_low / clip_ratio_high: clip range ``[1-low, 1+high]``; equal values are the
+            symmetric PPO clip, 0.2 / 0.28 is DAPO's clip-higher, GSPO uses 3e-4 / 4e-4.
+        ratio_level: ``token`` (PPO), ``sequence`` (GSPO: ``s_i = exp(mean_t log r_t)`` and
+            one advantage per sequence, the masked token mean of ADVANTAGES) or
+            ``sequence_token`` (GSPO-token: value ``s_i``, gradient through each token).
+            Sequence levels need ``loss_agg_mode`` ``seq-mean-token-mean`` (GSPO's mean over
+            sequences) or ``token-mean`` (sequences weighted by their lengths).
+        dual_clip_c: dual-clip bound ``c > 1``: for ``A < 0`` the loss is at most ``-c*A``;
+            ``None`` disables it (``ppo`` only).
+        policy_loss: ``ppo`` (clip the ratio) or ``cpgd`` (clip the log-ratio to
+            ``[log(1-low), log(1+high)]``, token level only).
+        cpgd_drift_coef: weight of CPGD's policy-drift term ``KL(pi_old || pi)``.
+        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or
+            ``seq-mean-token-sum-norm`` (Dr. GRPO: sequence sums / (sequences * R)).
         kl_coef / kl_estimator: KL-to-reference loss term (needs REF_LOGPROBS when > 0).
         entropy_coef: entropy bonus (subtracted from the loss).
         temperature: must equal the rollout's sampling temperature.
+        inputs: what the policy scores: ``text`` (LLM responses) or ``trajectory``
+            (embodied episodes, see ``embodied_rl/interfaces.py``).
     """
 
     model: str = "actor"
+    inputs: str = "text"
     ppo_epochs: int = 1
     num_mini_batches: int = 1
     micro_batch_size: int = 16
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
+    ratio_level: str = "token"
+    dual_clip_c: float | None = None
+    policy_loss: str = "ppo"
+    cpgd_drift_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
@@ -82,23 +124,39 @@ class ActorTrainConfig:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(
-                f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
-            )
+        evaluate_keys(self.inputs)
+        self.clip_spec()  # raises on a bad clip / ratio / policy-loss combination
+        check_aggregation(self.ratio_level, self.loss_agg_mode)
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(
                 f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+            )
+        if self.cpgd_drift_coef < 0:
+            raise ValueError(f"cpgd_drift_coef must be >= 0, got {self.cpgd_drift_coef}")
+        if self.cpgd_drift_coef and self.policy_loss != "cpgd":
+            raise ValueError(
+                "cpgd_drift_coef is CPGD's policy-drift weight; set policy_loss: cpgd or "
+                "cpgd_drift_coef: 0"
             )
         if min(self.ppo_epochs, self.num_mini_batches, self.micro_batch_size) < 1:
             raise ValueError("ppo_epochs, num_mini_batches and micro_batch_size must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
+    def clip_spec(self) -> ClipSpec:
+        """The clipped objective these options select."""
+        return ClipSpec(
+            clip_low=self.clip_ratio_low,
+            clip_high=self.clip_ratio_high,
+            ratio_level=self.ratio_level,
+            dual_clip_c=self.dual_clip_c,
+            policy_loss=self.policy_loss,
+        )
+
 
 def _train_reads(cfg: ActorTrainConfig) -> tuple[str, ...]:
     extra = (K.REF_LOGPROBS,) if cfg.kl_coef > 0 else ()
-    return EVALUATE_KEYS + (K.OLD_LOGPROBS, K.ADVANTAGES) + extra
+    return evaluate_keys(cfg.inputs) + (K.OLD_LOGPROBS, K.ADVANTAGES) + extra
 
 
 @register_node("actor.train", reads=_train_reads, writes=(), config=ActorTrainConfig)
@@ -126,11 +184,16 @@ def actor_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
 
 
 def _global_counts(ctx: NodeContext, mini: TensorDict) -> GlobalCounts:
-    """Valid tokens and sequences of this mini-batch over the whole dp group."""
+    """Valid tokens, sequences and the widest response of this mini-batch over the dp group."""
     mask = mini[K.RESPONSE_MASK].float()
-    local = torch.tensor([mask.sum().item(), float(batch_len(mini))], dtype=torch.float64)
+    local = torch.tensor(
+        [mask.sum().item(), float(batch_len(mini))], dtype=torch.float64, device=ctx.device
+    )
     tokens, sequences = ctx.all_reduce_sum(local).tolist()
-    return GlobalCounts(tokens=tokens, sequences=sequences)
+    width = torch.tensor([float(mask.shape[-1])], dtype=torch.float64, device=ctx.device)
+    if ctx.dp_group is not None and ctx.dp_size > 1:
+        dist.all_reduce(width, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+    return GlobalCounts(tokens=tokens, sequences=sequences, width=width.item())
 
 
 def _micro_batch_loss(
@@ -142,30 +205,34 @@ def _micro_batch_loss(
 ) -> torch.Tensor:
     """This micro-batch's share of the mini-batch loss; logs its metric shares."""
     logprobs, entropy = policy.evaluate(micro, cfg.temperature)
-    mask = micro[K.RESPONSE_MASK].float()
-    pg, clipped = ppo_clip_loss(
-        logprobs,
-        micro[K.OLD_LOGPROBS],
-        micro[K.ADVANTAGES],
-        cfg.clip_ratio_low,
-        cfg.clip_ratio_high,
-    )
-    loss = aggregate(pg, mask, cfg.loss_agg_mode, counts)
+    device = logprobs.device
+    mask = micro[K.RESPONSE_MASK].to(device).float()
+    old_logprobs = micro[K.OLD_LOGPROBS].to(device)
+    advantages = micro[K.ADVANTAGES].to(device)
+    terms = policy_loss(logprobs, old_logprobs, advantages, mask, cfg.clip_spec())
+
+    def agg(values: torch.Tensor, mode: str = cfg.loss_agg_mode) -> torch.Tensor:
+        return aggregate(values, mask, mode, counts)
+
+    loss = agg(terms.loss)
     metrics = {"loss/policy": loss.detach()}
+    if terms.drift is not None:
+        drift = agg(terms.drift)
+        loss = loss + cfg.cpgd_drift_coef * drift
+        metrics["loss/cpgd_drift"] = drift.detach()
     if cfg.kl_coef > 0:
-        kl = aggregate(
-            kl_penalty(logprobs, micro[K.REF_LOGPROBS], cfg.kl_estimator),
-            mask,
-            cfg.loss_agg_mode,
-            counts,
-        )
+        kl = agg(kl_penalty(logprobs, micro[K.REF_LOGPROBS].to(device), cfg.kl_estimator))
         loss = loss + cfg.kl_coef * kl
         metrics["loss/kl"] = kl.detach()
-    entropy_term = aggregate(entropy, mask, cfg.loss_agg_mode, counts)
+    entropy_term = agg(entropy)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * entropy_term
     metrics["actor/entropy"] = entropy_term.detach()
-    metrics["actor/clip_fraction"] = aggregate(clipped.float(), mask, "token-mean", counts).detach()
+    # Diagnostics are token means over the valid tokens of the global mini-batch.
+    metrics["actor/clip_fraction"] = agg(terms.clipped.float(), "token-mean").detach()
+    metrics["actor/ratio_mean"] = agg(terms.ratio, "token-mean").detach()
+    if cfg.dual_clip_c is not None:
+        metrics["actor/dual_clip_fraction"] = agg(terms.dual_clipped.float(), "token-mean")
     if ctx.tp_rank == 0:  # tp members hold the same rows: count them once
         for name, value in metrics.items():
             # Shares of a global mean add up over ranks and micro-batches; averaged over updates.

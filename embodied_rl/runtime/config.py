@@ -57,7 +57,7 @@ class RayConfig:
 SECTIONS = {"workers": WorkersConfig, "trainer": TrainerConfig, "ray": RayConfig}
 TOP_LEVEL = {
     "name", "seed", "device", "resume", "run_dir", "output_root", "plugins",
-    "models", "dag", "data", "rollout", "reward", "algorithm", "workers", "trainer", "ray",
+    "models", "dag", "data", "rollout", "reward", "algorithm", "simulator", "encoder", "srpo", "workers", "trainer", "ray",
 }  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Causal-LM policy: any ``transformers`` causal LM, registered as policy ``causal_lm``."""
 
 from policies.causal_lm.configuration import CausalLMConfig
+from policies.causal_lm.critic import CausalLMCritic, build_causal_lm_critic
 from policies.causal_lm.modeling import (
     AllowedTokensLogitsProcessor,
     CausalLMPolicy,
@@ -12,8 +13,10 @@ from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
 __all__ = [
     "AllowedTokensLogitsProcessor",
     "CausalLMConfig",
+    "CausalLMCritic",
     "CausalLMPolicy",
     "build_causal_lm",
+    "build_causal_lm_critic",
     "build_qwen2_tokenizer",
     "build_tiny_qwen2",
     "load_tokenizer",

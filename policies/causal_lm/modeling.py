@@ -228,21 +228,10 @@ class CausalLMPolicy(torch.nn.Module):
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor
     ) -> torch.Tensor:
         """Float32 logits (B, R, V) predicting each response token."""
-        if prompt_ids.shape[1] == 0:
-            raise ValueError("evaluate needs at least one prompt token per sample")
         resp_len = response_ids.shape[1]
-        input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-        attention = torch.cat(
-            [prompt_mask.long(), torch.ones_like(response_ids, dtype=torch.long)], dim=1
-        )
-        # Left padding shifts real tokens right; HF's generate numbers positions by
-        # counting real tokens, and so must we (pads get position 0, they are masked).
-        position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
         extra = {"logits_to_keep": resp_len + 1} if self._has_logits_to_keep else {}
         output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=position_ids,
+            **response_forward_inputs(prompt_ids, prompt_mask, response_ids),
             use_cache=False,
             **extra,
         )
@@ -266,17 +255,52 @@ class CausalLMPolicy(torch.nn.Module):
     @classmethod
     def from_config(cls, config: CausalLMConfig, device: torch.device) -> CausalLMPolicy:
         """Build the tokenizer and the model (preset or local checkpoint) on ``device``."""
-        tokenizer = _tokenizer_for(config)
-        if config.preset is not None:
-            model = build_tiny_qwen2(len(tokenizer), tokenizer, config.seed)
-        else:
-            model = _load_pretrained(config)
-        _check_vocab(model, tokenizer)
-        model.to(device=device, dtype=config.torch_dtype)
-        if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        model, tokenizer = build_model_and_tokenizer(config, device)
         policy = cls(model, tokenizer, config.allowed_response_tokens)
         return policy.to(device)
+
+
+def response_forward_inputs(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Model inputs of one forward pass over left-padded prompts followed by responses.
+
+    Every response position is attended to (tokens after EOS too, as in ``generate``).
+
+    Args:
+        prompt_ids: (B, P) int64, left-padded, P >= 1.
+        prompt_mask: (B, P), 1 = real token.
+        response_ids: (B, R) int64.
+
+    Returns:
+        ``input_ids``, ``attention_mask`` and ``position_ids``, each (B, P + R) int64.
+    """
+    if prompt_ids.shape[1] == 0:
+        raise ValueError("scoring a response needs at least one prompt token per sample")
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention = torch.cat(
+        [prompt_mask.long(), torch.ones_like(response_ids, dtype=torch.long)], dim=1
+    )
+    # Left padding shifts real tokens right; HF's generate numbers positions by
+    # counting real tokens, and so must we (pads get position 0, they are masked).
+    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
+
+
+def build_model_and_tokenizer(
+    config: CausalLMConfig, device: torch.device
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The tokenizer and the causal LM (preset or local checkpoint) on ``device``."""
+    tokenizer = _tokenizer_for(config)
+    if config.preset is not None:
+        model = build_tiny_qwen2(len(tokenizer), tokenizer, config.seed)
+    else:
+        model = _load_pretrained(config)
+    _check_vocab(model, tokenizer)
+    model.to(device=device, dtype=config.torch_dtype)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
 
 
 def build_tiny_qwen2(

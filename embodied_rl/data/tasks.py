@@ -1,0 +1,100 @@
+"""Task manifests for embodied RL: each data-parallel rank draws its own (task, init state) rows.
+
+A manifest row is a ``(task_id, init_state_id)`` pair; the split of init states into train and
+held-out is explicit and deterministic (``heldout_every``), so evaluation never sees a
+training start state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.data.batch import make_batch
+from embodied_rl.data.sampler import EpochSampler
+
+SPLITS = ("train", "heldout", "all")
+
+
+def split_init_states(num_init_states: int, heldout_every: int, split: str) -> list[int]:
+    """Init-state ids of a split: every ``heldout_every``-th id (4, 9, 14, ... for 5) is held out.
+
+    ``heldout_every <= 0`` holds nothing out (train = all; heldout is then an error).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    ids = list(range(num_init_states))
+    if split == "all":
+        return ids
+    held = {i for i in ids if heldout_every > 0 and i % heldout_every == heldout_every - 1}
+    chosen = [i for i in ids if (i in held) == (split == "heldout")]
+    if not chosen:
+        raise ValueError(
+            f"split {split!r} of {num_init_states} init states with heldout_every={heldout_every} "
+            "is empty; change heldout_every"
+        )
+    return chosen
+
+
+def manifest(tasks: Sequence[int], init_states: Sequence[int]) -> list[tuple[int, int]]:
+    """All (task, init state) pairs, task-major."""
+    return [(t, s) for t in tasks for s in init_states]
+
+
+class TaskManifestLoader:
+    """Yields this rank's (task, init state) rows per step; resumable like the prompt loader."""
+
+    def __init__(
+        self,
+        rows: Sequence[tuple[int, int]],
+        *,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int,
+        shuffle: bool = True,
+    ) -> None:
+        self.rows = list(rows)
+        # Manifests are small: repeat rows rather than drop a partial last batch.
+        self.sampler = EpochSampler(
+            len(self.rows),
+            global_batch_size=global_batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=False,
+            source="the task manifest",
+        )
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def next_batch(self) -> TensorDict:
+        """TASK_ID, INIT_STATE_ID and SAMPLE_ID (B / dp,) of this rank's next rows."""
+        indices, sample_ids = self.sampler.current()
+        self.sampler.advance()
+        pairs = [self.rows[i] for i in indices]
+        return make_batch(
+            {
+                K.TASK_ID: torch.tensor([p[0] for p in pairs], dtype=torch.int64),
+                K.INIT_STATE_ID: torch.tensor([p[1] for p in pairs], dtype=torch.int64),
+                K.SAMPLE_ID: torch.tensor(list(sample_ids), dtype=torch.int64),
+            }
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.sampler.state_dict(), "rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["rows"] != len(self.rows):
+            raise ValueError(
+                f"task loader state was saved for a manifest of {state['rows']} rows, this one "
+                f"has {len(self.rows)}; resume with the same tasks and split"
+            )
+        self.sampler.load_state_dict(state)

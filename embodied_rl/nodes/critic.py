@@ -1,0 +1,233 @@
+"""PPO critic nodes: values at rollout time, GAE advantages, and the value-function update.
+
+The critic is used only through ``critic.values(batch) -> (B, R)`` (differentiable), so any
+value model implementing it fits (see ``policies/causal_lm/critic.py``).
+
+Shapes: ``B`` samples on this rank, ``R`` response tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.algorithms.gae import (
+    clipped_value_loss,
+    gae,
+    last_token_rewards,
+    masked_moments,
+    whiten,
+)
+from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.data.batch import batch_len
+from embodied_rl.nodes.train import _global_counts, _sync_and_clip, evaluate_keys
+from embodied_rl.runtime.context import NodeContext
+
+REWARD_SOURCES = ("token_rewards", "last_token")
+
+
+# --------------------------------------------------------------------------- critic.values
+@dataclass
+class CriticValuesConfig:
+    """Options of ``critic.values``: which model, rows per forward pass."""
+
+    model: str = "critic"
+    micro_batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@register_node(
+    "critic.values", reads=evaluate_keys("text"), writes=(K.VALUES,), config=CriticValuesConfig
+)
+def critic_values_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """VALUES (B, R): the critic's V(s_t) for every response token, before any update."""
+    cfg: CriticValuesConfig = ctx.node_config
+    critic = ctx.models[cfg.model]
+    was_training = critic.training
+    critic.eval()
+    chunks = []
+    with torch.no_grad():
+        for rows in torch.arange(batch_len(batch)).split(cfg.micro_batch_size):
+            chunks.append(critic.values(batch[rows]).float())
+    critic.train(was_training)
+    mask = batch[K.RESPONSE_MASK]
+    values = torch.cat(chunks) if chunks else torch.zeros(mask.shape)
+    batch[K.VALUES] = values.to(mask.device)
+    return batch
+
+
+# --------------------------------------------------------------------------- advantage.gae
+@dataclass
+class GaeConfig:
+    """Options of ``advantage.gae`` (ALGORITHMS.md, "GAE (PPO)").
+
+    Attributes:
+        gamma: discount per token.
+        lam: GAE lambda (1: Monte-Carlo return minus V; 0: one-step TD error).
+        whiten: normalise the advantages to mean 0, std 1 over the valid tokens of the
+            GLOBAL batch (moments all-reduced over the dp group; no token is gathered).
+        reward_source: ``token_rewards`` reads per-token rewards TOKEN_REWARDS (B, R);
+            ``last_token`` places the scalar REWARDS (B,) on each sequence's last valid token.
+        eps: added to the variance when whitening.
+    """
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten: bool = True
+    reward_source: str = "token_rewards"
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.reward_source not in REWARD_SOURCES:
+            raise ValueError(
+                f"reward_source must be one of {REWARD_SOURCES}, got {self.reward_source!r}"
+            )
+
+
+def _reward_key(cfg: GaeConfig) -> str:
+    return K.REWARDS if cfg.reward_source == "last_token" else K.TOKEN_REWARDS
+
+
+def _gae_reads(cfg: GaeConfig) -> tuple[str, ...]:
+    return (_reward_key(cfg), K.VALUES, K.RESPONSE_MASK)
+
+
+def _token_rewards(batch: TensorDict, cfg: GaeConfig) -> torch.Tensor:
+    """(B, R) per-token rewards from the configured source."""
+    mask = batch[K.RESPONSE_MASK]
+    if cfg.reward_source == "last_token":
+        return last_token_rewards(batch[K.REWARDS], mask)
+    return batch[K.TOKEN_REWARDS].float()
+
+
+@register_node(
+    "advantage.gae", reads=_gae_reads, writes=(K.ADVANTAGES, K.RETURNS), config=GaeConfig
+)
+def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """ADVANTAGES and RETURNS (B, R) by GAE; advantages whitened over the global batch."""
+    cfg: GaeConfig = ctx.node_config
+    mask = batch[K.RESPONSE_MASK].float()
+    advantages, returns = gae(_token_rewards(batch, cfg), batch[K.VALUES], mask, cfg.gamma, cfg.lam)
+    # [sum A, sum A^2, n] over the dp group: 3 numbers, not tokens (on the device: NCCL/HCCL).
+    moments = ctx.all_reduce_sum(masked_moments(advantages, mask).to(ctx.device)).cpu()
+    _log_advantage_moments(ctx, moments)
+    if cfg.whiten:
+        advantages = whiten(advantages, mask, moments, cfg.eps)
+    batch[K.ADVANTAGES] = advantages
+    batch[K.RETURNS] = returns
+    return batch
+
+
+def _log_advantage_moments(ctx: NodeContext, moments: torch.Tensor) -> None:
+    """Global mean and std of the raw (unwhitened) advantages; every rank holds the same."""
+    total, total_sq, count = moments.tolist()
+    if count <= 0:
+        return
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    ctx.metrics.log("advantage/raw_mean", mean, reduce="max")
+    ctx.metrics.log("advantage/raw_std", var**0.5, reduce="max")
+
+
+# --------------------------------------------------------------------------- critic.train
+@dataclass
+class CriticTrainConfig:
+    """Options of ``critic.train``.
+
+    Attributes:
+        model: the trainable critic (its optimizer comes from ``models.<name>``).
+        ppo_epochs: passes over the batch per step.
+        num_mini_batches: optimizer steps per epoch; each rank splits its shard into this many.
+        micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
+        cliprange_value: c in ``V_clip = V_old + clip(V - V_old, -c, c)``.
+        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
+    """
+
+    model: str = "critic"
+    ppo_epochs: int = 1
+    num_mini_batches: int = 1
+    micro_batch_size: int = 16
+    cliprange_value: float = 0.2
+    loss_agg_mode: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
+            )
+        if min(self.ppo_epochs, self.num_mini_batches, self.micro_batch_size) < 1:
+            raise ValueError("ppo_epochs, num_mini_batches and micro_batch_size must be >= 1")
+        if self.cliprange_value <= 0:
+            raise ValueError(f"cliprange_value must be > 0, got {self.cliprange_value}")
+
+
+@register_node(
+    "critic.train",
+    reads=evaluate_keys("text") + (K.VALUES, K.RETURNS),
+    writes=(),
+    config=CriticTrainConfig,
+)
+def critic_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """Clipped value regression onto RETURNS, gradients summed over the dp group."""
+    cfg: CriticTrainConfig = ctx.node_config
+    critic = ctx.models[cfg.model]
+    optimizer = ctx.models.optimizer(cfg.model)
+    _log_batch_means(ctx, batch)
+    critic.train()
+    for _ in range(cfg.ppo_epochs):
+        for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
+            mini = batch[rows]
+            counts = _global_counts(ctx, mini)
+            optimizer.zero_grad(set_to_none=False)
+            for micro_rows in torch.arange(len(rows)).split(cfg.micro_batch_size):
+                _micro_batch_value_loss(ctx, critic, mini[micro_rows], counts, cfg).backward()
+            grad_norm = _sync_and_clip(ctx, critic, ctx.models.grad_clip(cfg.model))
+            optimizer.step()
+            ctx.metrics.log("critic/grad_norm", grad_norm, reduce="max")
+    return batch
+
+
+def _micro_batch_value_loss(
+    ctx: NodeContext,
+    critic: torch.nn.Module,
+    micro: TensorDict,
+    counts: GlobalCounts,
+    cfg: CriticTrainConfig,
+) -> torch.Tensor:
+    """This micro-batch's share of the mini-batch value loss; logs its metric shares."""
+    values = critic.values(micro)
+    mask = micro[K.RESPONSE_MASK].float().to(values.device)
+    old_values = micro[K.VALUES].to(values.device)
+    returns = micro[K.RETURNS].to(values.device)
+    per_token, clipped = clipped_value_loss(values, old_values, returns, cfg.cliprange_value)
+    loss = aggregate(per_token, mask, cfg.loss_agg_mode, counts)
+    clip_fraction = aggregate(clipped.float(), mask, "token-mean", counts)
+    # Shares of a global mean add up over ranks and micro-batches; averaged over updates.
+    updates = cfg.ppo_epochs * cfg.num_mini_batches
+    _log_share(ctx, "critic/value_loss", loss.item() / updates)
+    _log_share(ctx, "critic/vf_clip_fraction", clip_fraction.item() / updates)
+    return loss
+
+
+def _log_batch_means(ctx: NodeContext, batch: TensorDict) -> None:
+    """Token means of the rollout-time values and of the returns over the global batch."""
+    counts = _global_counts(ctx, batch)
+    mask = batch[K.RESPONSE_MASK].float()
+    for name, key in (("critic/values_mean", K.VALUES), ("critic/returns_mean", K.RETURNS)):
+        _log_share(ctx, name, aggregate(batch[key].float(), mask, "token-mean", counts).item())
+
+
+def _log_share(ctx: NodeContext, name: str, share: float) -> None:
+    """Log this rank's share of a global mean; the shares are summed over ranks."""
+    if ctx.tp_rank == 0:  # tp members hold the same rows: count them once
+        ctx.metrics.log(name, share, reduce="sum")

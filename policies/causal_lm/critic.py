@@ -1,0 +1,102 @@
+"""Value model for PPO: a causal-LM backbone with a scalar head, policy ``causal_lm_critic``.
+
+It is built from the same options as the ``causal_lm`` actor (preset or local checkpoint,
+dtype, seed), minus constrained decoding: a critic scores states, it emits no tokens. The
+LM head is dropped; a ``Linear(hidden, 1)`` value head reads the final hidden states.
+
+Shapes: ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response tokens
+(right-padded), ``H`` hidden size.
+"""
+
+from __future__ import annotations
+
+import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
+
+# isort: split
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from transformers import PreTrainedModel
+
+from embodied_rl import keys as K
+from embodied_rl.registry import POLICIES
+from policies.causal_lm.configuration import CausalLMConfig
+from policies.causal_lm.modeling import build_model_and_tokenizer, response_forward_inputs
+
+VALUE_HEAD_INIT_STD = 1e-2  # small: initial values near 0, the backbone is not disturbed
+
+
+class CausalLMCritic(torch.nn.Module):
+    """V(s_t) for every response position of prompt + response sequences.
+
+    Attributes:
+        backbone: the transformer without its LM head (``model.base_model`` of the causal LM).
+        value_head: ``Linear(H, 1)`` in float32, applied to the final hidden states.
+        tokenizer: the tokenizer of the backbone (shared, treat as read-only).
+    """
+
+    def __init__(self, backbone: PreTrainedModel, tokenizer: Any, seed: int = 0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        hidden = int(backbone.config.hidden_size)
+        # Seeded without touching the global RNG, so every rank builds the same head.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.value_head = torch.nn.Linear(hidden, 1)
+            torch.nn.init.normal_(self.value_head.weight, std=VALUE_HEAD_INIT_STD)
+            torch.nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def device(self) -> torch.device:
+        return self.value_head.weight.device
+
+    def values(self, batch: TensorDict) -> torch.Tensor:
+        """Value of the state before each response token (differentiable).
+
+        One forward pass over prompt + response with the same padding and position handling
+        as ``CausalLMPolicy.evaluate``: the hidden state at position ``P - 1 + t`` (the one
+        that predicts response token t) gives ``V(s_t)``.
+
+        Args:
+            batch: with PROMPT_IDS (B, P), PROMPT_MASK (B, P), RESPONSE_IDS (B, R) and
+                RESPONSE_MASK (B, R).
+
+        Returns:
+            (B, R) float32 values, 0 where RESPONSE_MASK is 0.
+        """
+        device = self.device
+        response_ids = batch[K.RESPONSE_IDS].to(device)
+        inputs = response_forward_inputs(
+            batch[K.PROMPT_IDS].to(device), batch[K.PROMPT_MASK].to(device), response_ids
+        )
+        hidden = self.backbone(**inputs, use_cache=False).last_hidden_state  # (B, P + R, H)
+        resp_len = response_ids.shape[1]
+        # Position P - 1 + t has seen the prompt and tokens < t: the state s_t.
+        states = hidden[:, -(resp_len + 1) : -1].float()  # (B, R, H)
+        values = self.value_head(states).squeeze(-1)  # (B, R)
+        valid = batch[K.RESPONSE_MASK].to(device) > 0
+        return torch.where(valid, values, torch.zeros_like(values))
+
+    @classmethod
+    def from_config(cls, config: CausalLMConfig, device: torch.device) -> CausalLMCritic:
+        """Backbone (preset or local checkpoint) without LM head, plus a fresh value head."""
+        if config.allowed_response_tokens is not None:
+            raise ValueError(
+                "causal_lm_critic takes no allowed_response_tokens: a critic scores states and "
+                "emits no tokens; remove that option from the critic's options"
+            )
+        model, tokenizer = build_model_and_tokenizer(config, device)
+        critic = cls(model.base_model, tokenizer, seed=config.seed)
+        return critic.to(device)
+
+
+def build_causal_lm_critic(options: Mapping[str, Any], device: torch.device) -> CausalLMCritic:
+    """Registry builder: ``options`` are :class:`CausalLMConfig` fields."""
+    config = CausalLMConfig.from_options(options)
+    return CausalLMCritic.from_config(config, torch.device(device))
+
+
+POLICIES.register("causal_lm_critic", build_causal_lm_critic)

@@ -1,0 +1,176 @@
+"""Configuration of the OpenVLA policy: the architecture and the policy options.
+
+:class:`VLAArchitecture` says what to build (the two timm vision towers, the Llama LM, the
+action vocabulary); it comes from a preset or from a published checkpoint's ``config.json``.
+:class:`VLAOptions` are the options a YAML ``policy:`` block sets; OpenVLA-OFT extends them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from policies.openvla.action_tokenizer import GRIPPER_CONVENTIONS, N_ACTION_BINS
+
+ACTION_DIM = 7  # x, y, z, roll, pitch, yaw, gripper
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+PRESETS = ("tiny",)
+
+# Qwen2.5 tokenizer (tiny presets): 151646 ids. The tiny LM has 152000 output rows, of which
+# the last 64 are padding (as OpenVLA's 32064 = 32000 + 64): action ids are
+# [151680, 151936), clear of every tokenizer id.
+_TINY_TEXT_CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "vocab_size": 152000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "pad_token_id": 151643,
+    "tie_word_embeddings": False,
+}
+
+
+@dataclass(frozen=True)
+class VLAArchitecture:
+    """What a Prismatic VLA (OpenVLA, OpenVLA-OFT) is built from.
+
+    Attributes:
+        timm_model_ids: the DINOv2-like and the SigLIP-like vision tower: a timm model name,
+            or a key of ``policies.openvla.vision.TINY_VITS``.
+        image_sizes: input resolution of each tower (equal: the images are channel-stacked).
+        timm_override_act_layers: optional activation override per tower (``None``: timm's).
+        text_config: ``transformers.LlamaConfig`` keyword arguments; ``vocab_size`` is the
+            padded number of LM output rows.
+        pad_to_multiple_of: how many padding rows the LM has past the action ids. OpenVLA
+            computes the tokenizer vocabulary as ``vocab_size - pad_to_multiple_of``
+            (32064 - 64 = 32000), and so do we.
+        n_action_bins: action ids at the end of the tokenizer vocabulary (256).
+    """
+
+    timm_model_ids: tuple[str, str]
+    image_sizes: tuple[int, int]
+    text_config: Mapping[str, Any]
+    timm_override_act_layers: tuple[str | None, str | None] = (None, None)
+    pad_to_multiple_of: int = 64
+    n_action_bins: int = N_ACTION_BINS
+
+    def __post_init__(self) -> None:
+        if len(self.timm_model_ids) != 2 or len(self.image_sizes) != 2:
+            raise ValueError(
+                "only fused (two-tower, DINOv2 + SigLIP) vision backbones are supported; got "
+                f"timm_model_ids={list(self.timm_model_ids)}"
+            )
+        if self.image_sizes[0] != self.image_sizes[1]:
+            raise ValueError(f"both towers need one input size, got {list(self.image_sizes)}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return int(self.text_config["vocab_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        """One past the last action id (the tokenizer vocabulary, 32000 for OpenVLA)."""
+        return self.padded_vocab_size - self.pad_to_multiple_of
+
+    @property
+    def image_size(self) -> int:
+        return int(self.image_sizes[0])
+
+
+TINY_ARCHITECTURE = VLAArchitecture(
+    timm_model_ids=("tiny_dinov2_reg4", "tiny_siglip"),
+    image_sizes=(32, 32),
+    text_config=_TINY_TEXT_CONFIG,
+)
+
+
+@dataclass
+class VLAOptions:
+    """Options shared by the ``openvla`` and ``openvla_oft`` policies.
+
+    Attributes:
+        preset: ``"tiny"``: random-init tiny model (two 3-block ViTs at 32 px, a 2-layer
+            64-wide Llama, the Qwen2.5 tokenizer for the prompt text). ``None`` with ``path``.
+        path: local checkpoint directory in the published HF layout (``config.json``,
+            ``*.safetensors``, tokenizer files, optional ``dataset_statistics.json``); loaded
+            with ``local_files_only``. Mutually exclusive with ``preset``.
+        tokenizer_path: local tokenizer directory overriding the checkpoint's.
+        dtype: parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
+        temperature: default sampling temperature (rollout configs usually set their own).
+        unnorm_key: dataset whose q01/q99 statistics de-normalise actions; may be omitted
+            when the checkpoint has exactly one. Without statistics actions stay in [-1, 1].
+        gripper_convention: ``"libero"`` maps the gripper to LIBERO's -1 open / +1 close;
+            ``"none"`` leaves it as de-normalised.
+        center_crop: crop the centre 90 % of the image area and resize back (for models
+            trained with random-crop augmentation, e.g. the LIBERO fine-tunes).
+        micro_batch_size: policy steps per forward pass in ``evaluate``.
+        seed: seed of the preset's random init (equal on all ranks: identical replicas).
+        gradient_checkpointing: recompute the LM's activations in backward.
+    """
+
+    preset: str | None = "tiny"
+    path: str | None = None
+    tokenizer_path: str | None = None
+    dtype: str = "float32"
+    temperature: float = 1.0
+    unnorm_key: str | None = None
+    gripper_convention: str = "none"
+    center_crop: bool = False
+    micro_batch_size: int = 32
+    seed: int = 0
+    gradient_checkpointing: bool = False
+
+    policy_name = "openvla"  # class attribute: used in messages
+
+    def __post_init__(self) -> None:
+        name = self.policy_name
+        if (self.preset is None) == (self.path is None):
+            raise ValueError(
+                f"{name} policy needs exactly one of preset (one of {list(PRESETS)}) and path "
+                f"(a local checkpoint dir); got preset={self.preset!r}, path={self.path!r}"
+            )
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"unknown {name} preset {self.preset!r}; valid: {list(PRESETS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{name} dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.gripper_convention not in GRIPPER_CONVENTIONS:
+            raise ValueError(
+                f"{name} gripper_convention {self.gripper_convention!r} is not one of "
+                f"{list(GRIPPER_CONVENTIONS)}"
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"{name} temperature must be > 0, got {self.temperature}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"{name} micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> VLAOptions:
+        """Build from a mapping of field values; unknown keys are an error naming valid keys."""
+        valid = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"unknown {cls.policy_name} policy option(s) {unknown}; valid options: {valid}"
+            )
+        return cls(**dict(options))
+
+
+@dataclass
+class OpenVLAConfig(VLAOptions):
+    """Options of the ``openvla`` policy: one step of 7 action tokens, decoded one at a time."""

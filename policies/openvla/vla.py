@@ -1,0 +1,369 @@
+"""The Prismatic VLA core shared by OpenVLA and OpenVLA-OFT.
+
+Input sequence of one observation (OpenVLA's layout: image tokens right after BOS)::
+
+    [BOS] [P image tokens] [proprio token (OFT, optional)] [prompt tokens ... "▁"] [suffix]
+
+with the prompt ``"In: What action should the robot take to {instruction.lower()}?\\nOut:"``.
+OpenVLA appends the SentencePiece space token ``"▁"`` (id 29871 for Llama-2) when the prompt
+does not already end with it, to match training. Prompts of a batch differ in length; they are
+left-padded *inside the prompt block*, so the image tokens and the suffix (action tokens) sit
+at the same index in every row. Padding is masked out and positions count real tokens only,
+so every row computes exactly what it would alone.
+
+Tokenizers without a BOS token (the Qwen2.5 tokenizer the tiny preset uses for the prompt
+text, as no Llama-2 tokenizer is available offline) start the sequence with their EOS token.
+
+Shapes: ``N`` observations, ``P`` image tokens, ``T`` prompt tokens, ``D`` LM width.
+"""
+
+from __future__ import annotations
+
+import embodied_rl  # noqa: F401  (first: installs the torchvision fix timm/transformers need)
+
+# isort: split
+import abc
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from embodied_rl import keys as K
+from embodied_rl.data.batch import strings
+from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
+from policies.openvla.action_tokenizer import (
+    ActionPostprocessor,
+    ActionTokenizer,
+    select_statistics,
+)
+from policies.openvla.configuration import TINY_ARCHITECTURE, VLAArchitecture, VLAOptions
+from policies.openvla.loading import load_weights, read_checkpoint, save_checkpoint
+from policies.openvla.vision import (
+    FusedVisionBackbone,
+    Projector,
+    center_crop_resize,
+    images_to_float,
+)
+
+PROMPT = "In: What action should the robot take to {}?\nOut:"
+SPACE_TOKEN = "▁"
+
+
+class PromptEncoder:
+    """Token ids of OpenVLA prompts, cached per instruction (instructions repeat all the time)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        bos = tokenizer.bos_token_id
+        self.start_id = int(bos if bos is not None else tokenizer.eos_token_id)
+        space = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
+        known = isinstance(space, int) and space != tokenizer.unk_token_id
+        self.space_id = space if known else None
+        self.pad_id = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.start_id
+        )
+        self._cache: dict[str, list[int]] = {}
+
+    def text_ids(self, instruction: str) -> list[int]:
+        """Prompt ids after the start token, ending with the space token when there is one."""
+        if instruction not in self._cache:
+            prompt = PROMPT.format(instruction.lower())
+            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if self.space_id is not None and (not ids or ids[-1] != self.space_id):
+                ids.append(self.space_id)
+            self._cache[instruction] = ids
+        return self._cache[instruction]
+
+    def batch(self, instructions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids (N, T) int64 and their mask (N, T) int64."""
+        rows = [self.text_ids(text) for text in instructions]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+        return ids, mask
+
+
+class PrismaticVLA(nn.Module):
+    """Vision backbone + projector + Llama, with the action vocabulary (published names).
+
+    Attributes:
+        vision_backbone: :class:`FusedVisionBackbone`.
+        projector: fused features (N, P, D_vision) -> LM embeddings (N, P, D).
+        language_model: ``LlamaForCausalLM``.
+        action_tokenizer: the 256 action ids at the end of the vocabulary.
+    """
+
+    def __init__(self, arch: VLAArchitecture) -> None:
+        super().__init__()
+        self.arch = arch
+        self.vision_backbone = FusedVisionBackbone(
+            arch.timm_model_ids, arch.image_size, arch.timm_override_act_layers
+        )
+        llm_config = LlamaConfig(**dict(arch.text_config))
+        self.projector = Projector(self.vision_backbone.embed_dim, llm_config.hidden_size)
+        self.language_model = LlamaForCausalLM(llm_config)
+        self.action_tokenizer = ActionTokenizer(
+            arch.vocab_size, arch.padded_vocab_size, arch.n_action_bins
+        )
+
+    @property
+    def hidden_size(self) -> int:
+        return self.language_model.config.hidden_size
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N, T) ids -> (N, T, D) LM input embeddings."""
+        return self.language_model.get_input_embeddings()(ids)
+
+    def image_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(N, 6, S, S) normalised pixels -> (N, P, D) LM-space image tokens."""
+        return self.projector(self.vision_backbone(pixel_values))
+
+    def decode(
+        self,
+        embeds: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any = None,
+        use_cache: bool = False,
+    ) -> Any:
+        """The Llama decoder (no LM head) on (N, L, D) embeddings; returns its output."""
+        return self.language_model.model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=use_cache,
+        )
+
+    def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits (..., 256) of the action ids from hidden states (..., D).
+
+        Equal to ``lm_head(hidden)[..., action_tokenizer.logit_slice]`` but multiplies only the
+        256 action rows of the output layer (and in float32, for stable log-probs).
+        """
+        tok = self.action_tokenizer
+        head = self.language_model.get_output_embeddings()
+        weight = head.weight[tok.first_id : tok.vocab_size].float()
+        bias = None if head.bias is None else head.bias[tok.first_id : tok.vocab_size].float()
+        return F.linear(hidden.float(), weight, bias)
+
+
+def sample_action_index(
+    logits: torch.Tensor, temperature: float, do_sample: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample from ``softmax(logits / temperature)`` (or take the argmax).
+
+    Sampling runs on the CPU with the global CPU generator, so that a rollout seeded with
+    ``torch.manual_seed`` is reproducible whatever device the model is on.
+
+    Args:
+        logits: (M, 256) float32 action logits.
+
+    Returns:
+        index: (M,) int64 position in the action slice; logprob: (M,) float32 its log-prob
+        under the tempered distribution (also for greedy decoding).
+    """
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    if do_sample:
+        index = torch.multinomial(logprobs.exp().cpu(), 1).squeeze(1).to(logits.device)
+    else:
+        index = logprobs.argmax(dim=-1)
+    return index, logprobs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_scores(
+    logits: torch.Tensor, index: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``index`` (...,) and entropy (...,) under ``softmax(logits (..., V) / t)``."""
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    chosen = logprobs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    return chosen, entropy
+
+
+class VLAPolicyBase(nn.Module, abc.ABC):
+    """Inputs, statistics and ``evaluate``'s batching shared by the VLA policies.
+
+    Subclasses set ``tokens_per_step`` and ``score_key`` (the stored field ``evaluate``
+    scores) and implement ``score_steps``; OFT adds a proprio token via ``extra_prefix``.
+    """
+
+    tokens_per_step: int
+    score_key: str = K.ACTION_TOKENS
+
+    def __init__(
+        self,
+        vla: PrismaticVLA,
+        tokenizer: PreTrainedTokenizerBase,
+        options: VLAOptions,
+        norm_stats: Mapping[str, Any] | None,
+    ) -> None:
+        super().__init__()
+        self.vla = vla
+        self.tokenizer = tokenizer
+        self.prompts = PromptEncoder(tokenizer)
+        self.options = options
+        self.norm_stats = dict(norm_stats) if norm_stats else None
+        self.statistics = select_statistics(norm_stats, options.unnorm_key)
+        action_stats = None if self.statistics is None else self.statistics.get("action")
+        self.postprocess = ActionPostprocessor(action_stats, options.gripper_convention)
+        self.default_temperature = options.temperature
+
+    @property
+    def device(self) -> torch.device:
+        return self.vla.projector.fc1.weight.device
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
+        """Write the policy in the published layout; ``path`` with the same options loads it."""
+        return save_checkpoint(self, folder, self.vla.arch, self.norm_stats, self.tokenizer)
+
+    def pixel_values(self, images: np.ndarray | torch.Tensor | None) -> torch.Tensor:
+        """uint8 (N, H, W, 3) -> (N, 6, S, S) normalised for both towers (optionally cropped)."""
+        if images is None:
+            raise ValueError(f"the {type(self).__name__} needs camera images, got images=None")
+        pixels = torch.as_tensor(np.ascontiguousarray(images)).to(self.device)
+        x = images_to_float(pixels, self.vla.vision_backbone.image_size)
+        if self.options.center_crop:
+            x = center_crop_resize(x)
+        return self.vla.vision_backbone.normalize(x)
+
+    def extra_prefix(self, states: torch.Tensor | None) -> torch.Tensor | None:
+        """Tokens (N, E, D) placed after the image tokens; none by default."""
+        return None
+
+    def build_sequence(
+        self,
+        images: np.ndarray | torch.Tensor,
+        instructions: Sequence[str],
+        states: np.ndarray | torch.Tensor | None,
+        suffix: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """LM inputs of N observations followed by ``suffix`` (N, E, D) embeddings.
+
+        Returns:
+            embeds (N, L, D), attention mask (N, L) int64 and position ids (N, L) int64.
+        """
+        device = self.device
+        image_tokens = self.vla.image_tokens(self.pixel_values(images))
+        n = image_tokens.shape[0]
+        start = torch.full((n, 1), self.prompts.start_id, dtype=torch.long, device=device)
+        state = None if states is None else torch.as_tensor(np.asarray(states)).to(device)
+        parts = [self.vla.embed_tokens(start), image_tokens]
+        extra = self.extra_prefix(state)
+        if extra is not None:
+            parts.append(extra)
+        prefix_len = sum(p.shape[1] for p in parts)
+        text_ids, text_mask = self.prompts.batch(instructions)
+        parts.append(self.vla.embed_tokens(text_ids.to(device)))
+        masks = [torch.ones(n, prefix_len, dtype=torch.long), text_mask]
+        if suffix is not None:
+            parts.append(suffix)
+            masks.append(torch.ones(n, suffix.shape[1], dtype=torch.long))
+        dtype = parts[0].dtype
+        embeds = torch.cat([p.to(dtype) for p in parts], dim=1)
+        mask = torch.cat(masks, dim=1).to(device)
+        # Positions count real tokens, so the padding inside the prompt block changes nothing.
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return embeds, mask, positions
+
+    @abc.abstractmethod
+    def score_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies (n, K) of stored ``targets`` (n, K) for n observations."""
+
+    def evaluate(self, batch: TensorDict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of the stored actions of trajectories (differentiable).
+
+        Every valid step is one observation; they are scored ``micro_batch_size`` at a time.
+
+        Args:
+            batch: OBS_IMAGE (B, T, H, W, 3) uint8, PROMPT_TEXT (B instructions), OBS_STATE
+                (B, T, S) when the policy reads proprio, STEP_MASK (B, T) and ``score_key``
+                (B, T, K): ACTION_TOKENS (vocabulary ids) or RAW_ACTIONS.
+            temperature: the rollout temperature.
+
+        Returns:
+            logprobs, entropy: (B, T * K) float32, step-major; 0 on masked steps.
+        """
+        if temperature <= 0:
+            raise ValueError(f"evaluate temperature must be > 0, got {temperature}")
+        step_mask = batch[K.STEP_MASK]
+        b, t = step_mask.shape
+        k = self.tokens_per_step
+        targets = batch[self.score_key].reshape(b * t, -1)
+        if targets.shape[1] != k:
+            raise ValueError(
+                f"{self.score_key} has {targets.shape[1]} entries per step, expected {k}"
+            )
+        images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
+        states = batch.get(K.OBS_STATE, None)
+        states = None if states is None else states.reshape(b * t, -1)
+        instructions = strings(batch, K.PROMPT_TEXT)
+        valid = torch.nonzero(step_mask.reshape(-1).cpu() > 0).squeeze(1)
+        logprobs, entropies = [], []
+        for rows in valid.split(self.options.micro_batch_size):
+            logp, ent = self.score_steps(
+                images[rows.to(images.device)],
+                [instructions[r // t] for r in rows.tolist()],
+                None if states is None else states[rows.to(states.device)],
+                targets[rows.to(targets.device)],
+                temperature,
+            )
+            logprobs.append(logp)
+            entropies.append(ent)
+        device = self.device
+        out = []
+        for parts in (logprobs, entropies):
+            full = torch.zeros(b * t, k, device=device)
+            if parts:
+                full = full.index_copy(0, valid.to(device), torch.cat(parts).float())
+            out.append(full.reshape(b, t * k))
+        return out[0], out[1]
+
+
+def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.device) -> Any:
+    """Build ``cls(vla, tokenizer, options, norm_stats)`` from a preset or a checkpoint.
+
+    Presets are random-init under ``options.seed`` (without touching the global RNG), so all
+    ranks build identical replicas. Checkpoints are built on the meta device (no random
+    init of 7B parameters) and their tensors assigned.
+    """
+    if options.preset is not None:
+        tokenizer = _tokenizer(options.tokenizer_path) or build_qwen2_tokenizer()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(options.seed)
+            policy = cls(PrismaticVLA(TINY_ARCHITECTURE), tokenizer, options, None)
+    else:
+        checkpoint = read_checkpoint(options.path)
+        tokenizer = _tokenizer(options.tokenizer_path) or load_tokenizer(checkpoint.folder)
+        with torch.device("meta"):
+            vla = PrismaticVLA(checkpoint.architecture)
+            policy = cls(vla, tokenizer, options, checkpoint.norm_stats)
+        load_weights(policy, checkpoint.folder)
+    rows = policy.vla.language_model.get_output_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ValueError(f"tokenizer has {len(tokenizer)} ids, the LM only {rows} output rows")
+    policy.to(device=device, dtype=options.torch_dtype)
+    if options.gradient_checkpointing:
+        policy.vla.language_model.gradient_checkpointing_enable()
+    return policy.eval()
+
+
+def _tokenizer(path: str | None) -> PreTrainedTokenizerBase | None:
+    return None if path is None else load_tokenizer(path)

@@ -1,0 +1,40 @@
+"""Configuration of the OpenVLA-OFT policy (the shared VLA options plus OFT's own)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.openvla.configuration import VLAOptions
+
+
+@dataclass
+class OpenVLAOFTConfig(VLAOptions):
+    """Options of the ``openvla_oft`` policy (see :class:`VLAOptions` for the shared ones).
+
+    Attributes:
+        center_crop: OFT's test-time crop of 90 % of the image area (on by default: the
+            released LIBERO fine-tunes were trained with random crops).
+        chunk: actions per policy step; K = chunk * 7 outputs decoded in one forward pass.
+        use_continuous_head: predict the chunk with an MLP head on the action positions'
+            hidden states (OFT's L1-regression head) and sample from a Gaussian around it
+            with a learnable per-dimension log-std, instead of the 256-bin action tokens.
+        use_proprio: feed the (normalised) proprio state as one extra token after the image.
+        proprio_dim: size of the proprio state (8 on LIBERO).
+        init_log_std: initial log-std of the Gaussian head (normalised action units).
+    """
+
+    center_crop: bool = True
+    chunk: int = 8
+    use_continuous_head: bool = False
+    use_proprio: bool = False
+    proprio_dim: int = 8
+    init_log_std: float = -2.0
+
+    policy_name = "openvla_oft"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk < 1:
+            raise ValueError(f"openvla_oft chunk must be >= 1, got {self.chunk}")
+        if self.proprio_dim < 1:
+            raise ValueError(f"openvla_oft proprio_dim must be >= 1, got {self.proprio_dim}")

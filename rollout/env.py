@@ -1,0 +1,203 @@
+"""Env rollout node: policy x vector env -> fixed-shape trajectories, G per (task, init state).
+
+The policy is used through ``embodied_rl.interfaces.EmbodiedPolicy`` (``act``), the vector env
+through the simulators' registry: nothing here imports ``policies`` or ``simulators``.
+
+Shapes: ``N`` episodes (input rows x ``group_size``), ``T`` policy steps (``max_steps``;
+a policy step executes a chunk of ``C`` env actions), ``K`` action tokens per policy step.
+A step is valid (``STEP_MASK`` 1) when the episode had not ended before it; the trainer's
+``RESPONSE_MASK``/``OLD_LOGPROBS`` are these flattened to ``(N, T*K)`` step-major.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.data.batch import batch_len, make_batch, repeat_interleave
+from embodied_rl.registry import SIMULATORS
+
+ENV_STATE = "vector_env"
+
+
+@dataclass
+class EnvRolloutConfig:
+    """Options of ``rollout.env``.
+
+    Attributes:
+        model: the policy in ``ctx.models``.
+        simulator: registered simulator name (e.g. ``reach``, ``libero``).
+        simulator_options: options of that simulator.
+        group_size: G rollouts per (task, init state): the GRPO/SRPO group.
+        num_envs: environments stepped together on this worker; episodes run in waves.
+        processes: 0 runs the envs in this process; > 0 in that many simulator processes.
+        max_steps: policy steps per episode (``None``: the simulator's limit / chunk).
+        temperature / do_sample: sampling of the policy's actions.
+        keep_frames: store FRAMES (B, T, H, W, 3) for the video encoder and videos.
+    """
+
+    model: str = "actor"
+    simulator: str = "reach"
+    simulator_options: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 4
+    num_envs: int = 8
+    processes: int = 0
+    max_steps: int | None = None
+    temperature: float = 1.0
+    do_sample: bool = True
+    keep_frames: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.group_size, self.num_envs) < 1 or self.processes < 0:
+            raise ValueError("group_size and num_envs must be >= 1, processes >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+ROLLOUT_WRITES = (
+    K.PROMPT_TEXT, K.GROUP_ID, K.SAMPLE_ID, K.OBS_STATE, K.OBS_IMAGE, K.ACTION_TOKENS,
+    K.RAW_ACTIONS, K.OLD_LOGPROBS, K.RESPONSE_MASK, K.STEP_MASK, K.FINISH_STEP, K.SUCCESS,
+)  # fmt: skip
+
+
+def build_env(cfg: EnvRolloutConfig) -> Any:
+    """The vector env of this worker, through the simulators' registry."""
+    options = dict(cfg.simulator_options)
+    if cfg.processes > 0:
+        return SIMULATORS.get("processes")(cfg.simulator, options, cfg.num_envs, cfg.processes)
+    return SIMULATORS.get(cfg.simulator)(options, cfg.num_envs)
+
+
+def setup_env(ctx: Any) -> None:
+    ctx.state[ENV_STATE] = build_env(ctx.node_config)
+
+
+@register_node(
+    "rollout.env",
+    reads=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
+    writes=lambda c: ROLLOUT_WRITES + ((K.FRAMES,) if c.keep_frames else ()),
+    config=EnvRolloutConfig,
+    batch_factor=lambda c: c.group_size,
+    setup=setup_env,
+)
+def env_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
+    """Run G episodes per input row and return them as one trajectory batch."""
+    cfg: EnvRolloutConfig = ctx.node_config
+    env, policy = ctx.state[ENV_STATE], ctx.models[cfg.model]
+    rows = repeat_interleave(batch, cfg.group_size)
+    n = batch_len(rows)
+    g = torch.arange(cfg.group_size).repeat(batch_len(batch))
+    rows[K.GROUP_ID] = rows[K.SAMPLE_ID].clone()
+    rows[K.SAMPLE_ID] = rows[K.SAMPLE_ID] * cfg.group_size + g
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # reproducible sampling, also after resume
+        torch.manual_seed(ctx.seed("act"))
+        waves = [
+            _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg)
+            for i in range(0, n, cfg.num_envs)
+        ]
+    out = _assemble(rows, waves, cfg)
+    _log_metrics(ctx, out, time.perf_counter() - started)
+    return out
+
+
+def _run_wave(env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig) -> dict[str, Any]:
+    """Roll out up to ``num_envs`` episodes together; pads the wave to all envs."""
+    tasks, inits = rows[K.TASK_ID], rows[K.INIT_STATE_ID]
+    count = len(tasks)
+    pad = env.num_envs - count
+    task_ids = tasks.tolist() + [tasks[0].item()] * pad  # padding envs: results ignored
+    init_ids = inits.tolist() + [inits[0].item()] * pad
+    obs = env.reset(task_ids, init_ids)
+    descriptions = list(env.task_descriptions)[:count]
+    horizon = cfg.max_steps or env.spec.max_steps
+    record: dict[str, list[Any]] = {
+        "state": [],
+        "image": [],
+        "tokens": [],
+        "raw": [],
+        "logprobs": [],
+        "alive": [],
+    }
+    done = np.zeros(env.num_envs, dtype=bool)
+    success = np.zeros(env.num_envs, dtype=bool)
+    for _ in range(horizon):
+        record["alive"].append(~done[:count])
+        record["state"].append(obs.state[:count].copy())
+        record["image"].append(None if obs.image is None else obs.image[:count].copy())
+        act = policy.act(
+            obs.image,
+            descriptions + [""] * pad,
+            obs.state,
+            temperature=cfg.temperature,
+            do_sample=cfg.do_sample,
+        )
+        record["tokens"].append(None if act.tokens is None else act.tokens[:count])
+        record["raw"].append(None if act.raw_actions is None else act.raw_actions[:count])
+        record["logprobs"].append(act.logprobs[:count])
+        for chunk_step in range(act.actions.shape[1]):
+            result = env.step(act.actions[:, chunk_step])
+            obs, done, success = result.obs, done | result.done, success | result.success
+        if done[:count].all():
+            break
+    record["success"] = success[:count]
+    record["descriptions"] = descriptions
+    return record
+
+
+def _stack(steps: list[Any], horizon: int) -> torch.Tensor | None:
+    """(n, T, ...) from per-step arrays, zero-padded to ``horizon`` steps."""
+    if steps[0] is None:
+        return None
+    data = torch.stack([torch.as_tensor(np.asarray(s)) for s in steps], dim=1)
+    missing = horizon - data.shape[1]
+    if missing:
+        data = torch.cat([data, data.new_zeros(data.shape[0], missing, *data.shape[2:])], dim=1)
+    return data
+
+
+def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConfig) -> TensorDict:
+    """One (N, T, ...) trajectory batch from the waves (each padded to the longest wave)."""
+    horizon = max(len(w["alive"]) for w in waves)
+    cat = lambda key: torch.cat([_stack(w[key], horizon) for w in waves])  # noqa: E731
+    step_mask = cat("alive").float()
+    logprobs = cat("logprobs").float()
+    k = logprobs.shape[-1]
+    fields: dict[str, Any] = {
+        K.PROMPT_TEXT: [d for w in waves for d in w["descriptions"]],
+        K.OBS_STATE: cat("state").float(),
+        K.STEP_MASK: step_mask,
+        K.OLD_LOGPROBS: (logprobs * step_mask[..., None]).reshape(len(step_mask), -1),
+        K.RESPONSE_MASK: step_mask.repeat_interleave(k, dim=1),
+        K.FINISH_STEP: (step_mask.sum(1) - 1).clamp(min=0).long(),
+        K.SUCCESS: torch.as_tensor(np.concatenate([w["success"] for w in waves])),
+    }
+    if waves[0]["image"][0] is not None:
+        fields[K.OBS_IMAGE] = cat("image")
+        if cfg.keep_frames:
+            fields[K.FRAMES] = fields[K.OBS_IMAGE]  # the same tensor: no copy
+    if waves[0]["tokens"][0] is not None:
+        fields[K.ACTION_TOKENS] = cat("tokens").long()
+    if waves[0]["raw"][0] is not None:
+        fields[K.RAW_ACTIONS] = cat("raw").float()
+    out = make_batch(fields)
+    for key in (K.TASK_ID, K.INIT_STATE_ID, K.GROUP_ID, K.SAMPLE_ID):
+        out[key] = rows[key]
+    return out
+
+
+def _log_metrics(ctx: Any, out: TensorDict, seconds: float) -> None:
+    n = batch_len(out)
+    if n == 0:
+        return
+    steps = out[K.STEP_MASK].sum().item()
+    ctx.metrics.log("rollout/success_rate", out[K.SUCCESS].float().mean().item(), weight=n)
+    ctx.metrics.log("rollout/episode_steps", steps / n, weight=n)
+    ctx.metrics.log("rollout/env_steps_per_s", steps / max(seconds, 1e-9), reduce="sum")

@@ -1,0 +1,208 @@
+"""Video encoders for SRPO: frame sampling, preprocessing, the cheap and V-JEPA 2 encoders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.data.layout import Layout
+from embodied_rl.registry import NODE_TYPES, POLICIES
+from embodied_rl.runtime.context import MetricSink, NodeContext
+from rollout.encoders import (
+    EncodeVideoConfig,
+    encode_video_node,
+    preprocess_clips,
+    sample_clips,
+    sample_frame_indices,
+)
+
+CPU = torch.device("cpu")
+TINY_VJEPA2 = {
+    "patch_size": 8,
+    "crop_size": 16,
+    "frames_per_clip": 4,
+    "tubelet_size": 2,
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "mlp_ratio": 2.0,
+    "pred_hidden_size": 16,
+    "pred_num_attention_heads": 2,
+    "pred_num_hidden_layers": 1,
+    "pred_num_mask_tokens": 1,
+}
+TINY_OPTIONS = {"config": TINY_VJEPA2, "num_frames": 4, "resize_short": 16, "crop_size": 16}
+
+
+def video(*frames_rgb) -> torch.Tensor:
+    """(1, T, 2, 2, 3) uint8 of uniformly coloured 2x2 frames."""
+    return torch.tensor(frames_rgb, dtype=torch.uint8)[None, :, None, None, :].expand(
+        1, len(frames_rgb), 2, 2, 3
+    )
+
+
+def test_frame_indices_linspace_and_cycling():
+    assert sample_frame_indices(10, 4).tolist() == [0, 3, 6, 9]  # linspace(0, 9, 4)
+    assert sample_frame_indices(8, 4).tolist() == [0, 2, 4, 7]  # floor(0, 2.33, 4.67, 7)
+    assert sample_frame_indices(4, 4).tolist() == [0, 1, 2, 3]
+    assert sample_frame_indices(2, 4).tolist() == [0, 1, 0, 1]  # shorter: cycled
+    assert sample_frame_indices(3, 4).tolist() == [0, 1, 2, 0]
+    assert sample_frame_indices(5, 1).tolist() == [0]
+    with pytest.raises(ValueError):
+        sample_frame_indices(0, 4)
+
+
+def test_sample_clips_gathers_per_episode():
+    frames = torch.arange(2 * 6, dtype=torch.uint8).reshape(2, 6, 1, 1, 1).expand(2, 6, 1, 1, 3)
+    clips = sample_clips(frames, torch.tensor([6, 2]), 3)
+    assert clips[..., 0, 0, 0].tolist() == [[0, 2, 5], [6, 7, 6]]  # row 1 starts at value 6
+
+
+def test_cheap_encoder_exact_numbers():
+    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 3, "grid": 1}, CPU)
+    # f0 black, f1 R = 0.4, f2 (R, G) = (1, 0.2). grid 1 -> per-channel frame means.
+    frames = video((0, 0, 0), (102, 0, 0), (255, 51, 0))
+    out = enc.encode(frames, torch.tensor([3]))
+    appearance = [(0 + 0.4 + 1) / 3, 0.2 / 3, 0.0]
+    end_state = [1.0, 0.2, 0.0]
+    motion = [(0.4 + 0.6) / 2, (0 + 0.2) / 2, 0.0]
+    assert enc.embedding_dim == 10
+    assert out.dtype == torch.float32 and out.shape == (1, 10)
+    assert out[0].tolist() == pytest.approx(appearance + end_state + motion + [1.0], abs=1e-6)
+
+    # Time-reversed: same appearance and motion magnitude, but it ends black.
+    reverse = enc.encode(frames.flip(1), torch.tensor([3]))
+    assert reverse[0].tolist() == pytest.approx(appearance + [0, 0, 0] + motion + [1.0], abs=1e-6)
+
+
+def test_cheap_encoder_padding_cycling_and_invalid():
+    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 4, "grid": 1}, CPU)
+    # Two valid frames then garbage padding; sampled as f0, f1, f0, f1: the wrap-around pair
+    # (f1 -> f0) is no motion, so motion = |f1 - f0| = 0.4 on R.
+    frames = torch.cat([video((0, 0, 0), (102, 0, 0), (255, 255, 255)), video(*[(0, 0, 0)] * 3)])
+    out = enc.encode(frames, torch.tensor([2, 0]))
+    assert out[0].tolist() == pytest.approx(
+        [0.2, 0, 0] + [0.4, 0, 0] + [0.4, 0, 0] + [1.0], abs=1e-6
+    )
+    assert out[1].tolist() == [0.0] * 10  # length 0: the invalid (all-zero) embedding
+    # an all-black but valid video is not all zero
+    assert enc.encode(video((0, 0, 0)), torch.tensor([1]))[0, -1] == 1.0
+    # identical videos -> identical vectors; padding content does not matter
+    again = enc.encode(video((0, 0, 0), (102, 0, 0), (9, 9, 9)), torch.tensor([2]))
+    assert torch.equal(again[0], out[0])
+
+
+def test_cheap_encoder_grid_pooling():
+    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 2, "grid": 2}, CPU)
+    frame = torch.zeros(1, 1, 4, 4, 3, dtype=torch.uint8)
+    frame[0, 0, 0, 0, 0] = 255  # one red pixel in the top-left 2x2 cell
+    out = enc.encode(frame, torch.tensor([1]))[0]
+    red_cells = [0.25, 0, 0, 0]  # channel-major: R cells (tl, tr, bl, br), then G, then B
+    assert out[:12].tolist() == pytest.approx(red_cells + [0] * 8)  # appearance
+    assert out[12:24].tolist() == pytest.approx(red_cells + [0] * 8)  # end state
+    assert out[24:36].tolist() == [0.0] * 12  # one frame: no motion
+    assert len(out) == 9 * 4 + 1
+
+
+def test_preprocess_resize_crop_normalise():
+    # 2 x 4 frame, resize_short 2 (no resize), crop 2: columns 1 and 2 are kept.
+    clip = torch.zeros(1, 1, 2, 4, 3, dtype=torch.uint8)
+    clip[0, 0, :, 1:3] = 255
+    out = preprocess_clips(clip, resize_short=2, crop_size=2)
+    assert out.shape == (1, 1, 3, 2, 2)
+    white = [(1 - 0.485) / 0.229, (1 - 0.456) / 0.224, (1 - 0.406) / 0.225]
+    assert out[0, 0, :, 0, 0].tolist() == pytest.approx(white, abs=1e-6)
+    assert (out[0, 0] == out[0, 0, :, :1, :1]).all()  # every kept pixel is white
+    # a uniform 6 x 9 frame resized (short side 4 -> 4 x 6) and cropped to 4 x 4
+    grey = torch.full((1, 2, 6, 9, 3), 128, dtype=torch.uint8)
+    out = preprocess_clips(grey, resize_short=4, crop_size=4)
+    assert out.shape == (1, 2, 3, 4, 4)
+    assert out[0, 1, 0].flatten().tolist() == pytest.approx(
+        [(128 / 255 - 0.485) / 0.229] * 16, abs=1e-6
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_vjepa2():
+    return POLICIES.get("video_encoder.vjepa2")(TINY_OPTIONS, CPU)
+
+
+def _random_frames(b: int, t: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (b, t, 20, 24, 3), generator=gen, dtype=torch.uint8)
+
+
+def test_vjepa2_encoder_shapes_invalid_rows_and_pipeline(tiny_vjepa2):
+    frames = _random_frames(3, 10)
+    lengths = torch.tensor([10, 0, 2])
+    out = tiny_vjepa2.encode(frames, lengths)
+    assert out.shape == (3, 32) and out.dtype == torch.float32
+    assert out[1].tolist() == [0.0] * 32
+    assert (out[0] != 0).any() and (out[2] != 0).any()
+    # the same as sampling (0, 3, 6, 9) / (0, 1, 0, 1) and preprocessing by hand
+    clips = torch.stack([frames[0, [0, 3, 6, 9]], frames[2, [0, 1, 0, 1]]])
+    pixels = preprocess_clips(clips, 16, 16)
+    with torch.no_grad():
+        tokens = tiny_vjepa2.model(pixel_values_videos=pixels, skip_predictor=True)
+    expected = tokens.last_hidden_state.mean(dim=1)
+    assert tokens.last_hidden_state.shape == (2, 2 * 2 * 2, 32)  # (4/2) x (16/8)^2 tokens
+    torch.testing.assert_close(out[[0, 2]], expected)
+    # padding frames do not matter
+    padded = frames.clone()
+    padded[2, 2:] = 0
+    torch.testing.assert_close(tiny_vjepa2.encode(padded, lengths), out)
+    assert not any(p.requires_grad for p in tiny_vjepa2.parameters())
+
+
+def test_vjepa2_loads_local_safetensors(tiny_vjepa2, tmp_path: Path):
+    tiny_vjepa2.model.save_pretrained(tmp_path, safe_serialization=True)
+    assert (tmp_path / "model.safetensors").exists()
+    options = {"path": str(tmp_path), "num_frames": 4, "resize_short": 16, "crop_size": 16}
+    loaded = POLICIES.get("video_encoder.vjepa2")(options, CPU)
+    frames, lengths = _random_frames(2, 5, seed=1), torch.tensor([5, 3])
+    torch.testing.assert_close(loaded.encode(frames, lengths), tiny_vjepa2.encode(frames, lengths))
+
+
+def test_vjepa2_options_are_checked():
+    build = POLICIES.get("video_encoder.vjepa2")
+    with pytest.raises(ValueError, match="exactly one"):
+        build({"num_frames": 4}, CPU)
+    with pytest.raises(ValueError, match="unknown option"):
+        build({**TINY_OPTIONS, "frames": 4}, CPU)
+    with pytest.raises(ValueError, match="tubelet_size"):
+        build({**TINY_OPTIONS, "num_frames": 3}, CPU)
+
+
+def test_encode_video_node_micro_batches():
+    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 3, "grid": 2}, CPU)
+    frames = _random_frames(3, 4, seed=2)
+    batch = TensorDict({K.FRAMES: frames, K.FINISH_STEP: torch.tensor([3, -1, 1])}, batch_size=[3])
+    node_type = NODE_TYPES.get("encode.video")
+    config = node_type.build_config({"micro_batch_size": 2})
+    assert node_type.read_keys(config) == (K.FRAMES, K.FINISH_STEP)
+    ctx = NodeContext(
+        cfg=None,
+        node_id="encode",
+        node_config=config,
+        rank=0,
+        world_size=1,
+        layout=Layout((0,)),
+        dp_group=None,
+        models={"video_encoder": enc},
+        state={},
+        step=0,
+        metrics=MetricSink(),
+        device=CPU,
+        run_dir=Path("."),
+    )
+    out = encode_video_node(ctx, batch)[K.TRAJ_EMBEDDING]
+    assert out.shape == (3, 37)
+    # lengths = FINISH_STEP + 1 = 4, 0, 2
+    torch.testing.assert_close(out, enc.encode(frames, torch.tensor([4, 0, 2])))
+    assert out[1].tolist() == [0.0] * 37
+    with pytest.raises(ValueError):
+        EncodeVideoConfig(micro_batch_size=0)

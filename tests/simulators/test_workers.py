@@ -1,0 +1,169 @@
+"""Simulator processes: exact parity with the in-process env, fault recovery, clean shutdown.
+
+Every test here starts real spawned simulator processes (about 2 s each on 2 CPU cores:
+the child imports torch through ``embodied_rl``), so they use few processes and short runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embodied_rl.registry import SIMULATORS, UnknownNameError
+from simulators.base import check_vector_env
+from simulators.reach import ReachVectorEnv, expert_actions
+from simulators.workers import SHM_PREFIX, ProcessVectorEnv, SimulatorWorkerError, make_vector_env
+
+TASKS, INITS = [0, 1, 2, 3], [4, 9, 16, 25]
+
+
+def _our_shm_blocks() -> list[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob(f"{SHM_PREFIX}_{os.getpid()}_*"))
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _episode(env, steps: int, kill_at: int | None = None, tasks=TASKS, inits=INITS) -> list:
+    """Roll out a noisy expert; optionally SIGKILL the last child before step ``kill_at``.
+
+    Returns:
+        One tuple per step (after the reset): state, image, reward, done, success.
+    """
+    rng = np.random.default_rng(0)  # the same noise on every call: comparable episodes
+    obs = env.reset(tasks[: env.num_envs], inits[: env.num_envs])
+    records = [(obs.state, obs.image, None, None, None)]
+    for t in range(steps):
+        if t == kill_at:
+            os.kill(env.child_pids()[-1], signal.SIGKILL)
+        noise = rng.uniform(-1, 1, (env.num_envs, 2)).astype(np.float32)
+        result = env.step(np.clip(0.4 * expert_actions(obs.state) + 0.6 * noise, -1, 1))
+        obs = result.obs
+        records.append((obs.state, obs.image, result.reward, result.done, result.success))
+    return records
+
+
+def _assert_same(records, expected) -> None:
+    assert len(records) == len(expected)
+    for t, (got, want) in enumerate(zip(records, expected)):
+        for name, a, b in zip(("state", "image", "reward", "done", "success"), got, want):
+            if b is None:
+                assert a is None, (t, name)
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t}: {name}")
+
+
+def test_make_vector_env_in_process_and_errors_before_spawning():
+    assert SIMULATORS.get("processes") is make_vector_env  # the switch rollout/ can reach
+    env = make_vector_env("reach", {}, 3)
+    assert isinstance(env, ReachVectorEnv) and env.num_envs == 3
+    env.close()
+    with pytest.raises(ValueError, match="step_timeout_s"):
+        make_vector_env("reach", {}, 3, processes=0, step_timeout_s=1.0)
+    with pytest.raises(UnknownNameError, match="Did you mean 'reach'"):
+        make_vector_env("reachh", {}, 2, processes=1)
+    with pytest.raises(ValueError, match="num_processes"):
+        make_vector_env("reach", {}, 2, processes=3)
+    assert _our_shm_blocks() == []
+
+
+def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
+    options = {"image_size": 32, "render_size": 24}
+    reference = make_vector_env("reach", options, 4)
+    env = make_vector_env("reach", options, 4, processes=2)
+    pids, new_pids = env.child_pids(), []
+    try:
+        assert isinstance(env, ProcessVectorEnv) and env.spec == reference.spec
+        # Spawned, not forked: a spawned child runs multiprocessing's spawn_main.
+        for pid in pids:
+            assert b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert len(_our_shm_blocks()) == 2  # one block per process
+        check_vector_env(env, num_steps=3)
+
+        expected = _episode(reference, steps=30)
+        assert any(rec[3].any() for rec in expected[1:])  # some episodes end in the window
+        _assert_same(_episode(env, steps=30), expected)
+        assert env.task_descriptions == reference.task_descriptions
+        np.testing.assert_array_equal(env.render(), reference.render())
+        assert env.fault_counts()["restarts"] == 0
+
+        with caplog.at_level(logging.WARNING, logger="simulators.workers"):
+            disturbed = _episode(env, steps=30, kill_at=12)
+        _assert_same(disturbed, expected)
+        counts = env.fault_counts()
+        assert counts == {"restarts": 1, "crashes": 1, "timeouts": 0, "errors": 0}, counts
+        new_pids = env.child_pids()
+        assert new_pids[0] == pids[0] and new_pids[1] != pids[1]
+        assert "crash during 'step'" in caplog.text and "re-running its 12 steps" in caplog.text
+        np.testing.assert_array_equal(env.render(), reference.render())
+    finally:
+        env.close()
+        reference.close()
+    assert _our_shm_blocks() == []
+    assert not any(_alive(pid) for pid in pids + new_pids)
+
+
+def _fault_env(tmp_path, fault: str, once: bool, **worker_options) -> ProcessVectorEnv:
+    options = {fault: 3}
+    if once:
+        options["debug_fault_once_path"] = str(tmp_path / "fault-fired")
+    return make_vector_env("reach", options, 2, processes=1, **worker_options)
+
+
+def test_hung_child_times_out_and_its_episode_is_rerun(tmp_path):
+    with make_vector_env("reach", {}, 2) as reference:
+        expected = _episode(reference, steps=6)
+    env = _fault_env(tmp_path, "debug_hang_at_step", once=True, step_timeout_s=1.0)
+    try:
+        start = time.monotonic()
+        records = _episode(env, steps=6)
+        elapsed = time.monotonic() - start
+        _assert_same(records, expected)
+        assert env.fault_counts() == {"restarts": 1, "crashes": 0, "timeouts": 1, "errors": 0}
+        assert elapsed >= 1.0  # it waited for the timeout, not for the 3600 s hang
+        assert (tmp_path / "fault-fired").exists()
+    finally:
+        env.close()
+    assert _our_shm_blocks() == []
+
+
+def test_exception_in_step_restarts_the_child(tmp_path, caplog):
+    with make_vector_env("reach", {}, 2) as reference:
+        expected = _episode(reference, steps=6)
+    env = _fault_env(tmp_path, "debug_raise_at_step", once=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="simulators.workers"):
+            records = _episode(env, steps=6)
+        _assert_same(records, expected)
+        assert env.fault_counts() == {"restarts": 1, "crashes": 0, "timeouts": 0, "errors": 1}
+        assert "InjectedSimulatorFault" in caplog.text
+    finally:
+        env.close()
+    assert _our_shm_blocks() == []
+
+
+def test_gives_up_after_max_restarts_naming_the_envs(tmp_path):
+    env = _fault_env(tmp_path, "debug_raise_at_step", once=False, max_restarts=1)
+    pid = env.child_pids()[0]
+    env.reset([0, 1], [0, 0])
+    env.step(np.zeros((2, 2), np.float32))
+    env.step(np.zeros((2, 2), np.float32))
+    with pytest.raises(SimulatorWorkerError, match=r"envs 0\.\.1.*max_restarts=1"):
+        env.step(np.zeros((2, 2), np.float32))  # fails, restarts, re-runs, fails again
+    assert env.fault_counts() == {"restarts": 1, "crashes": 0, "timeouts": 0, "errors": 2}
+    with pytest.raises(RuntimeError, match="closed"):  # giving up closed everything
+        env.step(np.zeros((2, 2), np.float32))
+    assert _our_shm_blocks() == [] and not _alive(pid)
+
+
+def test_child_that_cannot_build_its_env_fails_clearly_and_leaks_nothing():
+    with pytest.raises(SimulatorWorkerError, match=r"(?s)failed to start.*num_tasks must be in"):
+        make_vector_env("reach", {"num_tasks": 99}, 2, processes=1)
+    assert _our_shm_blocks() == []
