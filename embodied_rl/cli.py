@@ -4,6 +4,7 @@ Examples:
     embodied-rl train --config-name grpo_llm trainer.total_steps=5
     embodied-rl validate --config-name grpo_llm workers.num_workers=4
     embodied-rl plan --config-name grpo_llm
+    embodied-rl eval --config-name srpo_reach run_dir=outputs/srpo_reach/<run>
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ def _parser() -> argparse.ArgumentParser:
         "train": "run (or with resume=true continue) a training job",
         "validate": "check the config and DAG without building models or starting Ray",
         "plan": "print each worker's ordered steps, data-parallel ranks and process groups",
+        "eval": "run the evaluation DAG once on a run's newest checkpoint (videos, report)",
     }
     for name, text in helps.items():
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config-name", "-c", required=True, help="a YAML file in configs/")
         cmd.add_argument("--config-dir", default=None, help=f"default: {CONFIG_DIR}")
         cmd.add_argument("overrides", nargs="*", help="hydra overrides, e.g. trainer.total_steps=5")
-        if name == "train":
+        if name in ("train", "eval"):
             cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
@@ -59,8 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from embodied_rl.runtime.launcher import RunFailed, launch
 
+        mode = "eval" if args.command == "eval" else "train"
+        if mode == "eval" and not cfg.get("eval_dag"):
+            raise ConfigError(
+                f"{args.config_name} has no eval_dag; add 'eval_dag: env' to its defaults"
+            )
         try:
-            result = launch(cfg, show_progress=not args.no_progress)
+            result = launch(cfg, show_progress=not args.no_progress, mode=mode)
         except RunFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1

@@ -3,4 +3,14 @@
 Importing this package registers them; plugin packages register rollout and reward nodes.
 """
 
-from embodied_rl.nodes import advantage, critic, data, faults, filters, rewards, srpo, train  # noqa: F401
+from embodied_rl.nodes import (  # noqa: F401
+    advantage,
+    critic,
+    data,
+    evaluation,
+    faults,
+    filters,
+    rewards,
+    srpo,
+    train,
+)

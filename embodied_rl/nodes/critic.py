@@ -24,7 +24,7 @@ from embodied_rl.algorithms.gae import (
 from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
-from embodied_rl.nodes.train import _global_counts, _sync_and_clip, evaluate_keys
+from embodied_rl.nodes.train import evaluate_keys, global_counts, sync_and_clip
 from embodied_rl.runtime.context import NodeContext
 
 REWARD_SOURCES = ("token_rewards", "last_token")
@@ -187,11 +187,11 @@ def critic_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
-            counts = _global_counts(ctx, mini)
+            counts = global_counts(ctx, mini)
             optimizer.zero_grad(set_to_none=False)
             for micro_rows in torch.arange(len(rows)).split(cfg.micro_batch_size):
                 _micro_batch_value_loss(ctx, critic, mini[micro_rows], counts, cfg).backward()
-            grad_norm = _sync_and_clip(ctx, critic, ctx.models.grad_clip(cfg.model))
+            grad_norm = sync_and_clip(ctx, critic, ctx.models.grad_clip(cfg.model))
             optimizer.step()
             ctx.metrics.log("critic/grad_norm", grad_norm, reduce="max")
     return batch
@@ -221,7 +221,7 @@ def _micro_batch_value_loss(
 
 def _log_batch_means(ctx: NodeContext, batch: TensorDict) -> None:
     """Token means of the rollout-time values and of the returns over the global batch."""
-    counts = _global_counts(ctx, batch)
+    counts = global_counts(ctx, batch)
     mask = batch[K.RESPONSE_MASK].float()
     for name, key in (("critic/values_mean", K.VALUES), ("critic/returns_mean", K.RETURNS)):
         _log_share(ctx, name, aggregate(batch[key].float(), mask, "token-mean", counts).item())

@@ -170,12 +170,12 @@ def actor_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
-            counts = _global_counts(ctx, mini)
+            counts = global_counts(ctx, mini)
             optimizer.zero_grad(set_to_none=False)
             for micro_rows in rows.new_tensor(range(len(rows))).split(cfg.micro_batch_size):
                 loss = _micro_batch_loss(ctx, policy, mini[micro_rows], counts, cfg)
                 loss.backward()
-            grad_norm = _sync_and_clip(ctx, policy, ctx.models.grad_clip(cfg.model))
+            grad_norm = sync_and_clip(ctx, policy, ctx.models.grad_clip(cfg.model))
             optimizer.step()
             updates += 1
             ctx.metrics.log("actor/grad_norm", grad_norm, reduce="max")
@@ -183,7 +183,7 @@ def actor_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     return batch
 
 
-def _global_counts(ctx: NodeContext, mini: TensorDict) -> GlobalCounts:
+def global_counts(ctx: NodeContext, mini: TensorDict) -> GlobalCounts:
     """Valid tokens, sequences and the widest response of this mini-batch over the dp group."""
     mask = mini[K.RESPONSE_MASK].float()
     local = torch.tensor(
@@ -244,7 +244,7 @@ def _updates_per_step(cfg: ActorTrainConfig) -> int:
     return cfg.ppo_epochs * cfg.num_mini_batches
 
 
-def _sync_and_clip(ctx: NodeContext, policy: torch.nn.Module, max_norm: float | None) -> float:
+def sync_and_clip(ctx: NodeContext, policy: torch.nn.Module, max_norm: float | None) -> float:
     """Sum gradients over the dp group in one flat all-reduce, then clip; returns the norm."""
     params = [p for p in policy.parameters() if p.requires_grad]
     for p in params:

@@ -54,10 +54,32 @@ class RayConfig:
     poll_interval_s: float = 0.5
 
 
-SECTIONS = {"workers": WorkersConfig, "trainer": TrainerConfig, "ray": RayConfig}
+@dataclass
+class EvalConfig:
+    """``eval``: when the evaluation DAG (``eval_dag``) runs during training.
+
+    Attributes:
+        every: run it after every ``every`` training steps (0: never during training).
+        at_end: run it once more after the last step.
+        batch_size: (task, init state) pairs evaluated each time, over all workers.
+        max_videos: videos written each time, over all workers.
+    """
+
+    every: int = 0
+    at_end: bool = False
+    batch_size: int = 8
+    max_videos: int = 8
+
+
+SECTIONS = {
+    "workers": WorkersConfig,
+    "trainer": TrainerConfig,
+    "ray": RayConfig,
+    "eval": EvalConfig,
+}
 TOP_LEVEL = {
     "name", "seed", "device", "resume", "run_dir", "output_root", "plugins",
-    "models", "dag", "data", "rollout", "reward", "algorithm", "simulator", "encoder", "srpo", "workers", "trainer", "ray",
+    "models", "dag", "data", "rollout", "reward", "algorithm", "simulator", "encoder", "srpo", "eval", "eval_dag", "workers", "trainer", "ray",
 }  # fmt: skip
 
 
@@ -83,7 +105,8 @@ def compose(
 def section(cfg: DictConfig, name: str) -> Any:
     """The typed dataclass of a section; unknown keys are errors that list the valid ones."""
     cls = SECTIONS[name]
-    raw = OmegaConf.to_container(cfg.get(name) or {}, resolve=True)
+    node = cfg.get(name)
+    raw = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - fields)
     if unknown:
@@ -98,10 +121,11 @@ def load_all_plugins(cfg: DictConfig) -> None:
     load_plugins(cfg.get("plugins") or PLUGIN_MODULES)
 
 
-def dag_from_config(cfg: DictConfig, num_workers: int) -> DagSpec:
-    if "dag" not in cfg or "nodes" not in cfg.dag:
-        raise ConfigError("the config has no dag.nodes; add e.g. 'defaults: [{dag: grpo}]'")
-    return validate_dag(OmegaConf.to_container(cfg.dag.nodes, resolve=True), num_workers)
+def dag_from_config(cfg: DictConfig, num_workers: int, key: str = "dag") -> DagSpec:
+    """The validated DAG under ``cfg.<key>.nodes`` (``dag`` or ``eval_dag``)."""
+    if key not in cfg or not cfg[key] or "nodes" not in cfg[key]:
+        raise ConfigError(f"the config has no {key}.nodes; add e.g. 'defaults: [{{{key}: grpo}}]'")
+    return validate_dag(OmegaConf.to_container(cfg[key].nodes, resolve=True), num_workers)
 
 
 def validate_config(cfg: DictConfig) -> DagSpec:
@@ -112,6 +136,7 @@ def validate_config(cfg: DictConfig) -> DagSpec:
     workers = section(cfg, "workers")
     trainer = section(cfg, "trainer")
     section(cfg, "ray")
+    evaluation = section(cfg, "eval")
     if workers.num_workers < 1:
         raise ConfigError("workers.num_workers must be >= 1")
     if trainer.total_steps < 1:
@@ -129,4 +154,8 @@ def validate_config(cfg: DictConfig) -> DagSpec:
 
         if spec.policy not in POLICIES:
             raise ConfigError(f"models.{name}: {POLICIES.unknown_message(spec.policy)}")
+    if cfg.get("eval_dag"):
+        dag_from_config(cfg, workers.num_workers, key="eval_dag")
+    elif evaluation.every > 0 or evaluation.at_end:
+        raise ConfigError("eval.every/eval.at_end are set but there is no eval_dag; add one")
     return dag_from_config(cfg, workers.num_workers)

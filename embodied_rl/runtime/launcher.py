@@ -41,18 +41,24 @@ class RunResult:
     records: list[Any] = field(default_factory=list)
 
 
-def resolve_run_dir(cfg: DictConfig) -> Path:
-    """``run_dir`` if set; with ``resume=true`` the newest run of this config; else a new one."""
+def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
+    """Where the run lives.
+
+    ``run_dir`` if set. Otherwise ``resume=true`` (and ``eval``) take the newest run of this
+    config that has checkpoints; a new training run (or an eval with no earlier run) gets a
+    fresh timestamped directory.
+    """
     if cfg.get("run_dir"):
         return Path(cfg.run_dir).resolve()
     root = Path(cfg.get("output_root") or "outputs").resolve() / str(cfg.name)
-    if cfg.get("resume"):
-        runs = sorted(p for p in root.glob("*") if (p / "checkpoints").is_dir())
-        if not runs:
+    runs = sorted(p for p in root.glob("*") if (p / "checkpoints").is_dir())
+    if cfg.get("resume") or mode == "eval":
+        if runs:
+            return runs[-1]
+        if mode != "eval":
             raise RunFailed(
                 f"resume=true but no earlier run with checkpoints under {root}; set run_dir=..."
             )
-        return runs[-1]
     return root / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
@@ -74,8 +80,11 @@ def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> bool
     return True
 
 
-def launch(cfg: DictConfig, show_progress: bool = True) -> RunResult:
-    """Validate, start the workers, run to completion, and return rank 0's final metrics."""
+def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> RunResult:
+    """Validate, start the workers, run to completion, and return rank 0's final metrics.
+
+    ``mode="eval"`` runs the evaluation DAG once on the run's newest checkpoint.
+    """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -84,9 +93,11 @@ def launch(cfg: DictConfig, show_progress: bool = True) -> RunResult:
 
     validate_config(cfg)
     workers_cfg = section(cfg, "workers")
-    run_dir = resolve_run_dir(cfg)
+    run_dir = resolve_run_dir(cfg, mode)
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    OmegaConf.save(
+        cfg, run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml"), resolve=True
+    )
     n = workers_cfg.num_workers
     started_ray = start_ray(cfg, n, workers_cfg.cpus_per_worker)
     spec = device_spec(str(cfg.device))
@@ -108,9 +119,9 @@ def launch(cfg: DictConfig, show_progress: bool = True) -> RunResult:
                     resources={"NPU": 1} if spec.type == "npu" else None,
                     scheduling_strategy=strategy,
                     max_concurrency=2,  # status() answers while run() works
-                ).remote(plain_cfg, rank, n, str(run_dir))
+                ).remote(plain_cfg, rank, n, str(run_dir), mode)
             )
-        return _drive(cfg, actors, run_dir, show_progress)
+        return _drive(cfg, actors, run_dir, show_progress and mode == "train")
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)

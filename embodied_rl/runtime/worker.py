@@ -1,8 +1,9 @@
 """The DAG worker: one per device, each its own controller.
 
-It builds its models once, then every step walks its own plan: run the nodes placed on it,
-take part in transfers where the data-parallel layout changes. Only small status and metric
-records ever leave a worker; batches stay on the workers.
+It builds its models once, then every step walks its own plan of the training DAG (and every
+``eval.every`` steps the plan of the evaluation DAG): run the nodes placed on it, take part
+in transfers where the data-parallel layout changes. Only small status and metric records
+ever leave a worker; batches stay on the workers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import os
 import socket
 import time
-import traceback
 import zlib
 from datetime import timedelta
 from pathlib import Path
@@ -20,43 +20,51 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 
 from embodied_rl import checkpoint
-from embodied_rl.dag.planner import RunNode, Transfer, plan_dag, process_groups
-from embodied_rl.data.batch import merge
-from embodied_rl.data.databuffer import redistribute
+from embodied_rl.dag.planner import RunNode, plan_dag, process_groups
+from embodied_rl.dag.spec import DagSpec
 from embodied_rl.devices import device_spec
 from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
 from embodied_rl.runtime.models import ModelStore
 
-
-class NodeFailure(RuntimeError):
-    """A node raised: carries the rank, node and step for the driver's message."""
+__all__ = ["DAGWorker", "NodeFailure"]
 
 
 class DAGWorker:
-    """One rank of the run. Methods are called by the launcher through Ray."""
+    """One rank of the run. Methods are called by the launcher through Ray.
 
-    def __init__(self, cfg: dict[str, Any], rank: int, world_size: int, run_dir: str) -> None:
+    ``mode`` is ``train`` (steps of the training DAG, periodic evaluation) or ``eval`` (one
+    walk of the evaluation DAG on the newest checkpoint, for ``embodied-rl eval``).
+    """
+
+    def __init__(
+        self, cfg: dict[str, Any], rank: int, world_size: int, run_dir: str, mode: str = "train"
+    ) -> None:
         self.cfg = OmegaConf.create(cfg)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.mode = rank, world_size, mode
         self.run_dir = Path(run_dir)
         self.trainer = section(self.cfg, "trainer")
+        self.eval_cfg = section(self.cfg, "eval")
         torch.set_num_threads(section(self.cfg, "workers").torch_threads)
         load_all_plugins(self.cfg)
-        self.dag = dag_from_config(self.cfg, world_size)
-        plans = plan_dag(self.dag)
-        self.plan = plans[rank]
-        self.group_rank_sets = process_groups(plans)
+        self.dags = {"train": dag_from_config(self.cfg, world_size)}
+        if "eval_dag" in self.cfg and self.cfg.eval_dag:
+            self.dags["eval"] = dag_from_config(self.cfg, world_size, key="eval_dag")
+        self.plans = {name: plan_dag(dag) for name, dag in self.dags.items()}
+        self.group_rank_sets = sorted(
+            {g for plans in self.plans.values() for g in process_groups(plans)},
+            key=lambda ranks: (len(ranks), ranks),
+        )
         self.device_spec = device_spec(str(self.cfg.device))
         self.device = self.device_spec.torch_device(0)
         self.models = ModelStore(OmegaConf.to_container(self.cfg.models, resolve=True), self.device)
         self.sink = MetricSink()
         self.start_step = 0
-        self._round = 0  # dynamic-sampling refill round within the current step
+        self._active: PlanExecutor | None = None
         self._status: dict[str, Any] = {"rank": rank, "step": -1, "node": None, "phase": "created"}
         self._metrics: dict[str, float] = {}
 
@@ -73,32 +81,37 @@ class DAGWorker:
     def setup(self, address: str, port: int) -> dict[str, Any]:
         """Join the process group, create every sub-group, build nodes, restore a checkpoint."""
         self._status["phase"] = "setup"
-        timeout = timedelta(seconds=self.trainer.collective_timeout_s)
         dist.init_process_group(
             self.device_spec.backend,
             init_method=f"tcp://{address}:{port}",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timeout,
+            timeout=timedelta(seconds=self.trainer.collective_timeout_s),
         )
         # new_group must be called by every rank for every group, in the same order.
         self.groups = {ranks: dist.new_group(list(ranks)) for ranks in self.group_rank_sets}
-        self.node_state: dict[str, dict[str, Any]] = {n.id: {} for n in self.dag.nodes}
-        self.contexts = {
-            s.node_id: self._context(s) for s in self.plan.steps if isinstance(s, RunNode)
-        }
-        for node_id, ctx in self.contexts.items():
-            setup = self.dag.by_id[node_id].type.setup
-            if setup is not None:
-                setup(ctx)
-        if self.cfg.resume:
-            self._restore()
+        self.executors = {
+            name: PlanExecutor(
+                name, dag, self.plans[name][self.rank], self._context, self.groups,
+                self.rank, self._set_status, self.sink,
+            )
+            for name, dag in self.dags.items()
+        }  # fmt: skip
+        needed = {"train"} if self.mode == "train" else {"eval"}
+        if self.mode == "train" and (self.eval_cfg.every > 0 or self.eval_cfg.at_end):
+            needed.add("eval")
+        for name in needed & set(self.executors):
+            self.executors[name].setup_nodes()
+        if self.cfg.resume or self.mode == "eval":
+            self._restore(required=self.mode == "train")
         self.logger = self._make_logger() if self.rank == 0 else None
         self._status["phase"] = "ready"
         return {"rank": self.rank, "start_step": self.start_step}
 
-    def _context(self, step: RunNode) -> NodeContext:
-        node = self.dag.by_id[step.node_id]
+    def _context(
+        self, name: str, dag: DagSpec, step: RunNode, state: dict[str, Any]
+    ) -> NodeContext:
+        node = dag.by_id[step.node_id]
         return NodeContext(
             cfg=self.cfg,
             node_id=node.id,
@@ -108,7 +121,7 @@ class DAGWorker:
             layout=node.layout,
             dp_group=self.groups[step.dp_group],
             models=self.models,
-            state=self.node_state[node.id],
+            state=state,
             step=0,
             metrics=self.sink,
             device=self.device,
@@ -117,15 +130,18 @@ class DAGWorker:
         )
 
     def _seed_for(self, tag: str) -> int:
-        """Seed of (run seed, step, refill round, rank, tag): reproducible after resume."""
-        round_part = f"r{self._round}/" if self._round else ""
-        key = f"{self.cfg.seed}/{self._status['step']}/{round_part}{self.rank}/{tag}"
+        """Seed of (run seed, DAG, step, refill round, rank, tag): reproducible after resume."""
+        active = self._active
+        dag_part = "" if active is None or active.name == "train" else f"{active.name}/"
+        round_part = f"r{active.round}/" if active is not None and active.round else ""
+        key = f"{self.cfg.seed}/{dag_part}{self._status['step']}/{round_part}{self.rank}/{tag}"
         return zlib.crc32(key.encode())
 
     def _make_logger(self) -> RunLogger:
+        total = self.trainer.total_steps if self.mode == "train" else self.start_step + 1
         return RunLogger(
-            self.run_dir,
-            self.trainer.total_steps,
+            self.run_dir / ("" if self.mode == "train" else "eval"),
+            total,
             start_step=self.start_step,
             plot_keys=tuple(self.trainer.plot_keys),
             console=self.trainer.log_to_console,
@@ -133,99 +149,45 @@ class DAGWorker:
 
     # ----------------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
-        """Run steps ``start_step .. total_steps-1``; returns a small summary record."""
+        """Train ``start_step .. total_steps-1`` (or evaluate once); returns a small record."""
+        if self.mode == "eval":
+            self._walk("eval", self.start_step)
+            self._publish_metrics(self.start_step)
+            return self._finish(self.start_step)
         total, every = self.trainer.total_steps, self.trainer.checkpoint_every
         for step in range(self.start_step, total):
             started = time.perf_counter()
-            self._run_step(step)
+            self._walk("train", step)
+            if self._eval_due(step + 1, total):
+                self._walk("eval", step + 1)
             self.sink.log("time/step", time.perf_counter() - started, reduce="max")
             self._publish_metrics(step)
             if every > 0 and ((step + 1) % every == 0 or step + 1 == total):
                 self._save(step + 1)
+        return self._finish(total)
+
+    def _eval_due(self, completed: int, total: int) -> bool:
+        if "eval" not in self.executors:
+            return False
+        periodic = self.eval_cfg.every > 0 and completed % self.eval_cfg.every == 0
+        return periodic or (self.eval_cfg.at_end and completed == total)
+
+    def _walk(self, name: str, step: int) -> None:
+        if name not in self.executors:
+            raise ValueError(f"no {name} DAG configured; add '{name}_dag' to the config")
+        self._active = self.executors[name]
+        self._status["step"] = step
+        try:
+            self._active.run(step)
+        finally:
+            self._active = None
+
+    def _finish(self, steps_done: int) -> dict[str, Any]:
         self._status.update(phase="done", node=None)
         if self.logger is not None:
             self.logger.plot()
             self.logger.close()
-        return {"rank": self.rank, "steps_done": total, "final_metrics": dict(self._metrics)}
-
-    def _run_step(self, step: int) -> None:
-        """Walk this rank's plan once: node outputs and received transfers stay local."""
-        self._round = 0
-        self._status["step"] = step
-        self._walk(self.plan.steps, step, {}, {})
-
-    def _walk(
-        self,
-        steps: list[RunNode | Transfer],
-        step: int,
-        outputs: dict[str, TensorDict],
-        received: dict[tuple[str, str], TensorDict],
-    ) -> None:
-        for item in steps:
-            if isinstance(item, Transfer):
-                self._set_status(step, "transfer", f"{item.src_node}->{item.dst_node}")
-                out = redistribute(
-                    outputs.get(item.src_node),
-                    item.src,
-                    item.dst,
-                    self.rank,
-                    self.groups[item.ranks],
-                    keep_groups=True,
-                )
-                if out is not None:
-                    received[(item.dst_node, item.src_node)] = out
-            else:
-                batch = self._node_input(item.node_id, outputs, received)
-                outputs[item.node_id] = self._run_node(item.node_id, step, batch)
-
-    def _node_input(
-        self,
-        node_id: str,
-        outputs: dict[str, TensorDict],
-        received: dict[tuple[str, str], TensorDict],
-    ) -> TensorDict | None:
-        """The merged outputs of a node's deps, as laid out for this node."""
-        deps = [
-            received.pop((node_id, d)) if (node_id, d) in received else outputs[d]
-            for d in self.dag.by_id[node_id].deps
-        ]
-        # A shallow copy: the node may add fields without touching its deps' outputs.
-        return merge(deps).clone(recurse=False) if deps else None
-
-    def _resample(self, node_id: str, step: int) -> TensorDict | None:
-        """Re-run ``node_id``'s upstream part of the plan (a new round of this step)."""
-        self._round += 1
-        region = self.dag.ancestors(node_id)
-        targets = region | {node_id}
-        steps = [
-            s
-            for s in self.plan.steps
-            if (isinstance(s, RunNode) and s.node_id in region)
-            or (isinstance(s, Transfer) and s.src_node in region and s.dst_node in targets)
-        ]
-        outputs: dict[str, TensorDict] = {}
-        received: dict[tuple[str, str], TensorDict] = {}
-        self._walk(steps, step, outputs, received)
-        self._set_status(step, "node", node_id)
-        return self._node_input(node_id, outputs, received)
-
-    def _run_node(self, node_id: str, step: int, batch: TensorDict | None) -> TensorDict:
-        node = self.dag.by_id[node_id]
-        self._set_status(step, "node", node_id)
-        ctx = self.contexts[node_id]
-        ctx.step = step
-        if node.type.resamples:
-            ctx.resample = lambda: self._resample(node_id, step)
-        started = time.perf_counter()
-        try:
-            out = node.type.fn(ctx, batch)
-        except Exception as err:
-            raise NodeFailure(
-                f"rank {self.rank} failed in node {node_id!r} ({node.type.name}) at step {step}: "
-                f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-            ) from err
-        self.sink.log(f"time/{node_id}", time.perf_counter() - started, reduce="max")
-        return out
+        return {"rank": self.rank, "steps_done": steps_done, "final_metrics": dict(self._metrics)}
 
     def _publish_metrics(self, step: int) -> None:
         """Gather every rank's metric records on rank 0, which logs the reduced values."""
@@ -242,14 +204,11 @@ class DAGWorker:
         return self.run_dir / "checkpoints"
 
     def _save(self, completed_steps: int) -> None:
-        self._status.update(phase="checkpoint", node=None)
+        self._set_status(completed_steps, "checkpoint", None)
         state = {
             "step": completed_steps,
             "models": self.models.state_dict(),
-            "nodes": {
-                node_id: {k: v.state_dict() for k, v in st.items() if hasattr(v, "state_dict")}
-                for node_id, st in self.node_state.items()
-            },
+            "nodes": {name: ex.state_dict() for name, ex in self.executors.items()},
             "rng": checkpoint.capture_rng_state(),
         }
         checkpoint.write_rank_shard(self._checkpoint_root(), completed_steps, self.rank, state)
@@ -261,23 +220,25 @@ class DAGWorker:
             )
         dist.barrier()
 
-    def _restore(self) -> None:
+    def _restore(self, required: bool) -> None:
         latest = checkpoint.latest_checkpoint(self._checkpoint_root())
         if latest is None:
-            raise FileNotFoundError(
-                f"resume=true but {self._checkpoint_root()} holds no complete checkpoint; "
-                "run without resume=true to start fresh, or point run_dir at an earlier run"
-            )
+            if required:
+                raise FileNotFoundError(
+                    f"resume=true but {self._checkpoint_root()} holds no complete checkpoint; "
+                    "run without resume=true to start fresh, or point run_dir at an earlier run"
+                )
+            return  # evaluating a run without checkpoints: the freshly built policy
         state = checkpoint.load_rank_shard(latest, self.rank, world_size=self.world_size)
         # Build every model this rank uses before loading, so frozen copies start from the
         # initial weights rather than from trained ones.
-        for name in self.models.specs:
-            if any(getattr(self.dag.by_id[n].config, "model", None) == name for n in self.contexts):
+        for name in set().union(*(ex.model_names() for ex in self.executors.values())):
+            if name in self.models.specs:
                 self.models[name]
         self.models.load_state_dict(state["models"])
-        for node_id, entries in state["nodes"].items():
-            for key, value in entries.items():
-                self.node_state[node_id][key].load_state_dict(value)
+        for name, nodes in state["nodes"].items():
+            if name in self.executors and (self.mode == "train" or name == "eval"):
+                self.executors[name].load_state_dict(nodes)
         checkpoint.restore_rng_state(state["rng"])
         self.start_step = int(state["step"])
 

@@ -1,0 +1,266 @@
+"""Episode videos: MP4 (H.264) with the instruction above the image and the outcome below.
+
+A frame of the written video is laid out top to bottom as
+
+- a caption band: the instruction in white on a dark background, wrapped to the width;
+- the episode frame, upscaled by an integer factor (nearest neighbour, so 16-64 px
+  simulator frames stay crisp and visible);
+- an outcome band: dark, except on the last second of the video where it is filled green
+  ("SUCCESS") or red ("FAILURE") with the word in white.
+
+The canvas is padded so both sides are multiples of 16 (H.264 macro blocks; imageio would
+otherwise resize every frame). Files are written under a temporary name in the target folder
+and renamed into place, so a reader never sees a half-written video.
+
+PIL and imageio are imported inside the functions: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BACKGROUND = (24, 24, 24)  # caption/outcome band background
+TEXT_COLOR = (255, 255, 255)
+OUTCOME_COLORS = {"SUCCESS": (0, 170, 0), "FAILURE": (200, 0, 0)}
+MACRO_BLOCK = 16
+TARGET_SIDE = 256  # auto scale: the largest integer factor keeping the long side <= this
+_PAD = 4  # pixels of margin around text
+
+
+def auto_scale(height: int, width: int, target: int = TARGET_SIDE) -> int:
+    """Integer upscale factor for ``(height, width)`` frames: 16 px -> 16, 64 -> 4, 224 -> 1."""
+    return max(1, target // max(height, width, 1))
+
+
+def _round_up(value: int, multiple: int = MACRO_BLOCK) -> int:
+    return -(-value // multiple) * multiple
+
+
+def default_font(width: int) -> Any:
+    """PIL's default font, sized to the video width (a bitmap font on old Pillow)."""
+    from PIL import ImageFont
+
+    size = max(10, min(18, width // 22))
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: no size argument
+        return ImageFont.load_default()
+
+
+def text_width(font: Any, text: str) -> float:
+    """Width in pixels of ``text`` drawn with ``font``."""
+    left, _, right, _ = font.getbbox(text)
+    return right - left
+
+
+def _line_height(font: Any) -> int:
+    _, top, _, bottom = font.getbbox("Hg|")
+    return int(bottom - min(top, 0)) + 2
+
+
+def wrap_text(text: str, font: Any, max_width: int) -> list[str]:
+    """Greedy word wrap of ``text`` to ``max_width`` pixels; over-long words are split.
+
+    Returns:
+        the lines (at least one; an empty text gives ``[""]``).
+    """
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        while text_width(font, word) > max_width and len(word) > 1:
+            cut = len(word) - 1
+            while cut > 1 and text_width(font, word[:cut]) > max_width:
+                cut -= 1
+            if current:
+                lines.append(current)
+                current = ""
+            lines.append(word[:cut])
+            word = word[cut:]
+        candidate = f"{current} {word}" if current else word
+        if current and text_width(font, candidate) > max_width:
+            lines.append(current)
+            candidate = word
+        current = candidate
+    lines.append(current)
+    return lines
+
+
+def _text_band(
+    lines: list[str], font: Any, width: int, height: int, fill: tuple[int, int, int]
+) -> np.ndarray:
+    """A ``(height, width, 3)`` uint8 band with ``lines`` drawn left-aligned from the top."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height), fill)
+    draw = ImageDraw.Draw(image)
+    step = _line_height(font)
+    for i, line in enumerate(lines):
+        draw.text((_PAD, _PAD + i * step), line, font=font, fill=TEXT_COLOR)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def _check_frames(frames: Any) -> np.ndarray:
+    """``frames`` as a ``(T, H, W, 3)`` uint8 array (numpy or CPU torch tensor accepted)."""
+    array = np.asarray(frames.cpu() if hasattr(frames, "cpu") else frames)
+    if array.ndim != 4 or array.shape[-1] != 3 or array.shape[0] < 1:
+        raise ValueError(f"frames must be (T>=1, H, W, 3), got shape {tuple(array.shape)}")
+    if array.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8, got {array.dtype}; convert with .astype(uint8)")
+    return array
+
+
+@dataclass(frozen=True)
+class FrameLayout:
+    """Where things sit on a composed video frame (pixels; sides multiples of 16).
+
+    Attributes:
+        top: height of the caption band (0 without a caption); the image starts here.
+        left: first column of the image (it is centred horizontally).
+        image_height / image_width: the upscaled episode frame.
+        height / width: the whole frame.
+        scale: the integer upscale factor.
+        lines: the wrapped caption lines.
+    """
+
+    top: int
+    left: int
+    image_height: int
+    image_width: int
+    height: int
+    width: int
+    scale: int
+    lines: tuple[str, ...]
+
+    @property
+    def bottom(self) -> int:
+        """First row of the outcome band (below the image)."""
+        return self.top + self.image_height
+
+
+def frame_layout(
+    height: int, width: int, caption: str | None, outcome: str | None, scale: int | None = None
+) -> FrameLayout:
+    """The layout :func:`compose_frames` uses for ``(height, width)`` episode frames."""
+    scale = auto_scale(height, width) if scale is None else int(scale)
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    full_width = _round_up(width * scale)
+    font = default_font(full_width)
+    lines = wrap_text(caption, font, full_width - 2 * _PAD) if caption is not None else []
+    top = len(lines) * _line_height(font) + 2 * _PAD if lines else 0
+    bottom = _line_height(font) + 2 * _PAD if outcome is not None else 0
+    full_height = _round_up(top + height * scale + bottom)  # the slack goes below the image
+    left = (full_width - width * scale) // 2
+    return FrameLayout(
+        top, left, height * scale, width * scale, full_height, full_width, scale, tuple(lines)
+    )
+
+
+def compose_frames(
+    frames: Any,
+    caption: str | None = None,
+    outcome: str | None = None,
+    scale: int | None = None,
+    outcome_frames: int = 10,
+) -> np.ndarray:
+    """Lay out the video frames: caption band, upscaled frame, outcome band; sides % 16 == 0.
+
+    Args:
+        frames: ``(T, H, W, 3)`` uint8 episode frames.
+        caption: text of the top band (the instruction); ``None`` = no caption band.
+        outcome: ``"SUCCESS"`` or ``"FAILURE"`` shown on the last ``outcome_frames`` frames;
+            ``None`` = no outcome band.
+        scale: integer upscale factor; ``None`` picks :func:`auto_scale`.
+        outcome_frames: how many final frames show the outcome (all frames if fewer).
+
+    Returns:
+        ``(T, H2, W2, 3)`` uint8 with ``H2`` and ``W2`` multiples of 16 (see
+        :func:`frame_layout`).
+    """
+    array = _check_frames(frames)
+    if outcome is not None and outcome not in OUTCOME_COLORS:
+        raise ValueError(
+            f"outcome must be one of {sorted(OUTCOME_COLORS)} or None, got {outcome!r}"
+        )
+    t, h, w, _ = array.shape
+    lay = frame_layout(h, w, caption, outcome, scale)
+    font = default_font(lay.width)
+    canvas = np.empty((t, lay.height, lay.width, 3), dtype=np.uint8)
+    canvas[:] = np.asarray(BACKGROUND, dtype=np.uint8)
+    image = array.repeat(lay.scale, axis=1).repeat(lay.scale, axis=2)
+    canvas[:, lay.top : lay.bottom, lay.left : lay.left + lay.image_width] = image
+    if lay.lines:
+        canvas[:, : lay.top] = _text_band(list(lay.lines), font, lay.width, lay.top, BACKGROUND)
+    if outcome is not None:
+        fill = OUTCOME_COLORS[outcome]
+        band = _text_band([outcome], font, lay.width, lay.height - lay.bottom, fill)
+        canvas[max(0, t - outcome_frames) :, lay.bottom :] = band
+    return canvas
+
+
+def write_video(
+    path: str | os.PathLike,
+    frames: Any,
+    fps: int = 10,
+    caption: str | None = None,
+    outcome: str | None = None,
+    scale: int | None = None,
+) -> Path:
+    """Write an episode as an H.264 MP4 with its instruction and outcome, atomically.
+
+    Args:
+        path: the ``.mp4`` file to write (its folder is created).
+        frames: ``(T, H, W, 3)`` uint8 frames (numpy array or CPU tensor).
+        fps: frames per second; the outcome is shown on the last second (``fps`` frames).
+        caption: the instruction written above the image (wrapped); ``None`` for none.
+        outcome: ``"SUCCESS"`` (green) or ``"FAILURE"`` (red) on the last frames, or ``None``.
+        scale: integer upscale factor; ``None`` = :func:`auto_scale` (small frames grow).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    import imageio.v2 as imageio
+
+    if fps < 1:
+        raise ValueError(f"fps must be >= 1, got {fps}")
+    canvas = compose_frames(frames, caption, outcome, scale, outcome_frames=int(fps))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same folder (so the rename is atomic), hidden, and still ending in .mp4 for ffmpeg.
+    partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.partial.mp4")
+    try:
+        writer = imageio.get_writer(
+            str(partial),
+            format="FFMPEG",
+            mode="I",
+            fps=fps,
+            codec="libx264",
+            pixelformat="yuv420p",
+            macro_block_size=MACRO_BLOCK,
+            quality=8,
+            ffmpeg_log_level="error",
+        )
+        with writer:
+            for frame in canvas:
+                writer.append_data(frame)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def read_video(path: str | os.PathLike) -> np.ndarray:
+    """All frames of a video file as ``(T, H, W, 3)`` uint8."""
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(str(path), format="FFMPEG") as reader:
+        frames = [np.asarray(frame, dtype=np.uint8)[..., :3] for frame in reader]
+    if not frames:
+        raise ValueError(f"{path} holds no frames")
+    return np.stack(frames)
