@@ -42,6 +42,7 @@ FINISH_STEP = "finish_step"  # (B,) int64
 SUCCESS = "success"  # (B,) bool
 TASK_ID = "task_id"  # (B,) int64
 INIT_STATE_ID = "init_state_id"  # (B,) int64
+FRAME_COUNT = "frame_count"  # (B,) int64 valid frames in FRAMES (with a frame stride)
 FRAMES = "frames"  # (B, T, H, W, 3) uint8 video frames (SRPO encoder, eval videos)
 TRAJ_EMBEDDING = "traj_embedding"  # (B, D) float32, all zero = invalid trajectory
 

@@ -376,7 +376,10 @@ def encode_video_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     cfg: EncodeVideoConfig = ctx.node_config
     encoder = ctx.models[cfg.model]
     frames = batch[K.FRAMES]
-    lengths = batch[K.FINISH_STEP].long() + 1
+    if K.FRAME_COUNT in batch.keys():  # frames recorded every k-th step
+        lengths = batch[K.FRAME_COUNT].long()
+    else:
+        lengths = batch[K.FINISH_STEP].long() + 1
     parts = [
         encoder.encode(frames[i : i + cfg.micro_batch_size], lengths[i : i + cfg.micro_batch_size])
         for i in range(0, len(frames), cfg.micro_batch_size)

@@ -40,7 +40,10 @@ class EnvRolloutConfig:
         processes: 0 runs the envs in this process; > 0 in that many simulator processes.
         max_steps: policy steps per episode (``None``: the simulator's limit / chunk).
         temperature / do_sample: sampling of the policy's actions.
-        keep_frames: store FRAMES (B, T, H, W, 3) for the video encoder and videos.
+        keep_frames: store FRAMES (B, T', H, W, 3) for the video encoder and videos: the
+            observation images when the env returns them, else ``render()`` frames.
+        frame_stride: with rendered frames, render every ``frame_stride``-th policy step
+            (``T' = ceil(T / stride)``; FRAME_COUNT holds each episode's valid frames).
     """
 
     model: str = "actor"
@@ -53,10 +56,11 @@ class EnvRolloutConfig:
     temperature: float = 1.0
     do_sample: bool = True
     keep_frames: bool = True
+    frame_stride: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.group_size, self.num_envs) < 1 or self.processes < 0:
-            raise ValueError("group_size and num_envs must be >= 1, processes >= 0")
+        if min(self.group_size, self.num_envs, self.frame_stride) < 1 or self.processes < 0:
+            raise ValueError("group_size, num_envs and frame_stride must be >= 1, processes >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -82,7 +86,7 @@ def setup_env(ctx: Any) -> None:
 @register_node(
     "rollout.env",
     reads=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
-    writes=lambda c: ROLLOUT_WRITES + ((K.FRAMES,) if c.keep_frames else ()),
+    writes=lambda c: ROLLOUT_WRITES + ((K.FRAMES, K.FRAME_COUNT) if c.keep_frames else ()),
     config=EnvRolloutConfig,
     batch_factor=lambda c: c.group_size,
     setup=setup_env,
@@ -118,17 +122,14 @@ def _run_wave(env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig) ->
     obs = env.reset(task_ids, init_ids)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
-    record: dict[str, list[Any]] = {
-        "state": [],
-        "image": [],
-        "tokens": [],
-        "raw": [],
-        "logprobs": [],
-        "alive": [],
-    }
+    keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames")
+    record: dict[str, list[Any]] = {key: [] for key in keys}
+    render = cfg.keep_frames and obs.image is None  # frames from render(), every k-th step
     done = np.zeros(env.num_envs, dtype=bool)
     success = np.zeros(env.num_envs, dtype=bool)
-    for _ in range(horizon):
+    for t in range(horizon):
+        if render and t % cfg.frame_stride == 0:
+            record["frames"].append(env.render()[:count].copy())
         record["alive"].append(~done[:count])
         record["state"].append(obs.state[:count].copy())
         record["image"].append(None if obs.image is None else obs.image[:count].copy())
@@ -183,6 +184,12 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
         fields[K.OBS_IMAGE] = cat("image")
         if cfg.keep_frames:
             fields[K.FRAMES] = fields[K.OBS_IMAGE]  # the same tensor: no copy
+            fields[K.FRAME_COUNT] = fields[K.FINISH_STEP] + 1
+    elif cfg.keep_frames:  # rendered every frame_stride-th step
+        width = -(-horizon // cfg.frame_stride)
+        fields[K.FRAMES] = torch.cat([_stack(w["frames"], width) for w in waves])
+        # Frame j shows step j*stride: the valid ones are those taken at or before FINISH_STEP.
+        fields[K.FRAME_COUNT] = fields[K.FINISH_STEP] // cfg.frame_stride + 1
     if waves[0]["tokens"][0] is not None:
         fields[K.ACTION_TOKENS] = cat("tokens").long()
     if waves[0]["raw"][0] is not None:

@@ -161,16 +161,38 @@ def whiten_global(
     Returns:
         (B, R) float32, 0 on invalid entries.
     """
-    mask64 = mask.double()
-    x = values.double() * mask64
-    local = torch.stack([x.sum(), (x * x).sum(), mask64.sum()])
-    total, total_sq, count = (all_reduce_sum(local) if all_reduce_sum else local).tolist()
+    local = masked_moments(values, mask)
+    moments = all_reduce_sum(local) if all_reduce_sum else local
+    return whiten_with_moments(values, mask, moments, shift_mean=shift_mean, eps=eps)
+
+
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[sum x, sum x^2, count]`` (3,) float64 over the valid entries of ``values`` (B, R).
+
+    Summed over ranks (one all-reduce of 3 numbers) they give the whole batch's statistics
+    without moving any token.
+    """
+    valid = (mask > 0).double()
+    x = values.double() * valid
+    return torch.stack([x.sum(), (x * x).sum(), valid.sum()])
+
+
+def whiten_with_moments(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    moments: torch.Tensor,
+    *,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """Whiten ``values`` (B, R) with (global) :func:`masked_moments`; 0 on invalid entries."""
+    total, total_sq, count = (float(v) for v in moments.double().cpu())
     mean = total / count if count > 0 else 0.0
     var = (total_sq - count * mean * mean) / (count - 1) if count > 1 else 0.0
     whitened = (values.double() - mean) / math.sqrt(max(var, 0.0) + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return (whitened * mask64).float()
+    return (whitened * (mask > 0).double()).float()
 
 
 def subtract_group_mean_at_last_token(

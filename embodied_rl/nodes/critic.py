@@ -14,13 +14,12 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
-from embodied_rl.algorithms.gae import (
-    clipped_value_loss,
-    gae,
-    last_token_rewards,
+from embodied_rl.algorithms.advantages import (
     masked_moments,
-    whiten,
+    place_on_last_token,
+    whiten_with_moments,
 )
+from embodied_rl.algorithms.gae import clipped_value_loss, gae
 from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
@@ -106,7 +105,7 @@ def _token_rewards(batch: TensorDict, cfg: GaeConfig) -> torch.Tensor:
     """(B, R) per-token rewards from the configured source."""
     mask = batch[K.RESPONSE_MASK]
     if cfg.reward_source == "last_token":
-        return last_token_rewards(batch[K.REWARDS], mask)
+        return place_on_last_token(batch[K.REWARDS], mask)
     return batch[K.TOKEN_REWARDS].float()
 
 
@@ -122,7 +121,7 @@ def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     moments = ctx.all_reduce_sum(masked_moments(advantages, mask).to(ctx.device)).cpu()
     _log_advantage_moments(ctx, moments)
     if cfg.whiten:
-        advantages = whiten(advantages, mask, moments, cfg.eps)
+        advantages = whiten_with_moments(advantages, mask, moments, eps=cfg.eps)
     batch[K.ADVANTAGES] = advantages
     batch[K.RETURNS] = returns
     return batch

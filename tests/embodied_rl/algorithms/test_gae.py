@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embodied_rl.algorithms.gae import (
-    clipped_value_loss,
-    gae,
-    last_token_rewards,
+from embodied_rl.algorithms.advantages import (
     masked_moments,
-    whiten,
+    place_on_last_token,
+    whiten_with_moments,
 )
+from embodied_rl.algorithms.gae import clipped_value_loss, gae
 
 
 def t(rows):
@@ -96,7 +95,7 @@ def test_whiten_uses_masked_unbiased_moments():
     assert moments.tolist() == [10.0, 30.0, 4.0]  # 1+2+3+4, 1+4+9+16, four valid entries
     # mean 2.5, unbiased var (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3
     scale = (5.0 / 3.0) ** 0.5
-    out = whiten(x, mask, moments, eps=0.0)
+    out = whiten_with_moments(x, mask, moments, eps=0.0)
     expected = [[-1.5 / scale, -0.5 / scale, 0.5 / scale], [1.5 / scale, 0.0, 0.0]]
     close(out, expected)
 
@@ -105,10 +104,10 @@ def test_whiten_with_moments_summed_over_shards_equals_whole_batch():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, 5, generator=gen)
     mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
-    whole = whiten(x, mask, masked_moments(x, mask))
+    whole = whiten_with_moments(x, mask, masked_moments(x, mask))
     shards = [(x[:2], mask[:2]), (x[2:], mask[2:])]  # two "ranks"
     summed = sum(masked_moments(xs, ms) for xs, ms in shards)
-    parts = torch.cat([whiten(xs, ms, summed) for xs, ms in shards])
+    parts = torch.cat([whiten_with_moments(xs, ms, summed) for xs, ms in shards])
     assert torch.allclose(parts, whole, atol=1e-6)
     valid = mask > 0
     assert whole[valid].mean().item() == pytest.approx(0.0, abs=1e-6)
@@ -117,13 +116,13 @@ def test_whiten_with_moments_summed_over_shards_equals_whole_batch():
 
 def test_whiten_of_an_empty_batch_is_zero():
     x, mask = t([[1, 2]]), t([[0, 0]])
-    assert whiten(x, mask, masked_moments(x, mask)).tolist() == [[0.0, 0.0]]
+    assert whiten_with_moments(x, mask, masked_moments(x, mask)).tolist() == [[0.0, 0.0]]
 
 
 def test_last_token_rewards_by_hand():
     rewards = t([2.0, 3.0, 4.0, 5.0])
     mask = t([[1, 1, 0], [0, 0, 0], [1, 1, 1], [1, 0, 1]])
-    close(last_token_rewards(rewards, mask), [[0, 2, 0], [0, 0, 0], [0, 0, 4], [0, 0, 5]])
+    close(place_on_last_token(rewards, mask), [[0, 2, 0], [0, 0, 0], [0, 0, 4], [0, 0, 5]])
 
 
 def test_clipped_value_loss_by_hand():

@@ -1,0 +1,45 @@
+"""SRPO end to end on the fast MuJoCo task: 2 workers, the MLP policy, evaluation videos."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embodied_rl.cli import main
+from embodied_rl.runtime.config import compose
+from embodied_rl.runtime.launcher import launch
+
+pytestmark = pytest.mark.ray
+
+
+def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
+    overrides = [
+        "trainer.total_steps=2",
+        "trainer.checkpoint_every=2",
+        "data.batch_size=4",
+        "rollout.group_size=4",
+        "rollout.num_envs=8",
+        "eval.every=0",
+        "eval.at_end=true",
+        "eval.batch_size=4",
+        "eval.max_videos=2",
+        f"run_dir={tmp_path}",
+    ]
+    result = launch(compose("srpo_reach", overrides), show_progress=False)
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1]
+    for m in lines:
+        assert m["dapo/kept_samples"] == 16  # 4 (task, init state) pairs x 4 rollouts
+        assert 0.0 <= m["rollout/success_rate"] <= 1.0
+        assert m["srpo/success_rate"] == pytest.approx(m["rollout/success_rate"])
+    assert "eval/success_rate" in lines[-1]  # evaluated after the last step
+    assert (result.run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
+    videos = sorted((result.run_dir / "eval" / "step_000002").glob("*.mp4"))
+    assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
+    html = (result.run_dir / "eval" / "step_000002" / "report.html").read_text()
+    assert all(v.name in html for v in videos)
+    # The eval command evaluates the newest checkpoint of the run again.
+    args = ["eval", "--config-name", "srpo_reach", "--no-progress", *overrides]
+    assert main(args) == 0
+    assert (result.run_dir / "eval" / "metrics.jsonl").exists()

@@ -1,0 +1,248 @@
+"""The ``libero`` simulator against the raw LIBERO env: conventions, episode end, pool parity.
+
+LIBERO is slow on 2 CPU cores (building an env 3-7 s, a reset about 2-4 s, 5-10 steps/s
+with two cameras), so one module-scoped wrapper (libero_goal task 0, "open the middle drawer
+of the cabinet", 64 px, ``max_steps=4``) serves every test that needs a built env, and
+episodes are a handful of steps. Tests that need LIBERO are marked ``libero`` and skip when
+it is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import mujoco
+import numpy as np
+import pytest
+
+from embodied_rl.registry import SIMULATORS
+from simulators.base import check_vector_env
+from simulators.libero import LiberoConfig, LiberoObs, LiberoVectorEnv
+from simulators.libero_suites import INSTALL_HINT, NOOP_ACTION, quat_to_axis_angle
+from simulators.workers import make_vector_env
+
+HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+requires_libero = pytest.mark.skipif(
+    not HAVE_LIBERO, reason=f"LIBERO is not installed; install it with `{INSTALL_HINT}`"
+)
+
+SIZE = 64
+OPTIONS = {"suite": "libero_goal", "image_size": SIZE, "render_size": 96, "max_steps": 4}
+TASK, INIT = 0, 3
+DRAWER_JOINT = "wooden_cabinet_1_middle_level"  # task 0 succeeds when it is < -0.14 (open)
+
+
+def _axis_angle(quat: np.ndarray) -> np.ndarray:
+    """Rotation vector of an ``(x, y, z, w)`` quaternion, written apart from the package's.
+
+    The half angle is ``atan2(|v|, w)``, so the angle runs over ``[0, 2 pi]`` like robosuite's
+    ``2 acos(w)`` (no folding to ``[0, pi]`` for ``w < 0``).
+    """
+    vector = np.asarray(quat[:3], dtype=np.float64)
+    norm = np.linalg.norm(vector)
+    if norm == 0:
+        return np.zeros(3)
+    return vector / norm * (2.0 * np.arctan2(norm, quat[3]))
+
+
+def _expected_proprio(raw_obs: dict) -> np.ndarray:
+    return np.concatenate(
+        [
+            raw_obs["robot0_eef_pos"],
+            _axis_angle(raw_obs["robot0_eef_quat"]),
+            raw_obs["robot0_gripper_qpos"],
+        ]
+    ).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def env():
+    environment = SIMULATORS.get("libero")(OPTIONS, 1)
+    yield environment
+    environment.close()
+
+
+@pytest.fixture(scope="module")
+def libero_task():
+    """``(task, init_states)`` of libero_goal task 0, read from the benchmark directly."""
+    from libero.libero import benchmark
+
+    suite = benchmark.get_benchmark_dict()["libero_goal"]()
+    return suite.get_task(TASK), np.asarray(suite.get_task_init_states(TASK))
+
+
+# --- without LIBERO -------------------------------------------------------------------------
+
+
+def test_quat_to_axis_angle_matches_an_independent_formula():
+    s = np.sqrt(0.5)
+    np.testing.assert_allclose(quat_to_axis_angle([0, 0, s, s]), [0, 0, np.pi / 2], atol=1e-12)
+    # w < 0: 270 degrees about x stays 3 pi / 2 (robosuite's convention), not -pi / 2.
+    half = 0.75 * np.pi
+    np.testing.assert_allclose(
+        quat_to_axis_angle([np.sin(half), 0, 0, np.cos(half)]), [1.5 * np.pi, 0, 0], atol=1e-12
+    )
+    np.testing.assert_array_equal(quat_to_axis_angle([0, 0, 0, 1]), np.zeros(3))
+    quats = np.random.default_rng(0).normal(size=(20, 4))
+    for quat in quats / np.linalg.norm(quats, axis=1, keepdims=True):
+        np.testing.assert_allclose(quat_to_axis_angle(quat), _axis_angle(quat), atol=1e-9)
+
+
+def test_config_validation_says_what_to_change():
+    assert LiberoConfig(cameras=["agentview"]).cameras == ("agentview",)  # YAML lists
+    assert LiberoConfig(suite="libero_10").episode_steps == 520
+    assert LiberoConfig(max_steps=7).episode_steps == 7
+    with pytest.raises(ValueError, match="distinct names"):
+        LiberoConfig(cameras=["agentview", "frontview"])
+    with pytest.raises(ValueError, match="'wrist' needs 'agentview'"):
+        LiberoConfig(cameras=["wrist"])
+    with pytest.raises(ValueError, match="set max_steps"):
+        LiberoConfig(suite="libero_goal_swap")
+    with pytest.raises(ValueError, match="unknown option"):
+        SIMULATORS.get("libero")({"suite": "libero_goal", "image_sise": 64}, 1)
+
+
+def test_building_without_libero_names_the_install_command(monkeypatch):
+    for name in [m for m in sys.modules if m == "libero" or m.startswith("libero.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # None = "not importable" to Python
+    monkeypatch.setitem(sys.modules, "libero", None)
+    with pytest.raises(ImportError, match="EMBODIED_RL_EXTRAS=dev,libero bash scripts/install"):
+        SIMULATORS.get("libero")({"suite": "libero_goal"}, 1)
+
+
+# --- with LIBERO ----------------------------------------------------------------------------
+
+
+@pytest.mark.libero
+@requires_libero
+def test_suite_specs_follow_the_openvla_conventions():
+    expected = {
+        "libero_spatial": (220, 10),
+        "libero_object": (280, 10),
+        "libero_goal": (300, 10),
+        "libero_10": (520, 10),
+        "libero_90": (400, 90),
+    }
+    for suite, (max_steps, num_tasks) in expected.items():
+        spec = LiberoVectorEnv(LiberoConfig(suite=suite), 2).spec  # builds no robosuite env
+        assert (spec.max_steps, spec.num_tasks, spec.num_init_states) == (max_steps, num_tasks, 50)
+        assert (spec.state_dim, spec.action_dim, spec.image_shape) == (8, 7, (128, 128, 3))
+    spec = LiberoVectorEnv(LiberoConfig(suite="libero_object", max_steps=512, cameras=[]), 1).spec
+    assert spec.max_steps == 512 and spec.image_shape is None
+    with pytest.raises(ValueError, match="installed benchmark has: .*libero_spatial"):
+        LiberoVectorEnv(LiberoConfig(suite="libero_nonexistent", max_steps=5), 1)
+
+
+@pytest.mark.libero
+@requires_libero
+def test_observations_and_steps_match_the_raw_env(env, libero_task):
+    from libero.libero import get_libero_path
+    from libero.libero.envs import OffScreenRenderEnv
+
+    task, init_states = libero_task
+    raw = OffScreenRenderEnv(
+        bddl_file_name=os.path.join(
+            get_libero_path("bddl_files"), task.problem_folder, task.bddl_file
+        ),
+        camera_names=["agentview", "robot0_eye_in_hand"],
+        camera_heights=SIZE,
+        camera_widths=SIZE,
+    )
+    try:
+        raw.seed(0)
+        raw.reset()
+        flags = raw.sim._render_context_offscreen.scn.flags  # the wrapper's default: off
+        flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        raw_obs = raw.set_init_state(init_states[INIT])
+        unsettled = _expected_proprio(raw_obs)
+        for _ in range(10):
+            raw_obs, _, _, _ = raw.step(list(NOOP_ACTION))
+
+        obs = env.reset([TASK], [INIT])
+        assert isinstance(obs, LiberoObs)
+        assert env.task_descriptions == [task.language] == ["open the middle drawer of the cabinet"]
+        _assert_matches_raw(obs, raw_obs)
+        assert not np.array_equal(obs.image[0], raw_obs["agentview_image"])  # flip matters
+        assert not np.allclose(obs.state[0], unsettled, atol=1e-4)  # the settle steps happened
+
+        # The next no-op is the raw env's 11th: the states differ, so 11 settle steps would
+        # have been caught above; the wrapper's first counted step equals it.
+        result = env.step(np.array([NOOP_ACTION], np.float32))
+        raw_obs, _, _, _ = raw.step(list(NOOP_ACTION))
+        assert not np.allclose(obs.state[0], _expected_proprio(raw_obs), atol=1e-6)
+        _assert_matches_raw(result.obs, raw_obs)
+
+        # The wrapper clips to [-1, 1] and passes the action on unchanged.
+        action = np.array([[1.7, -0.4, 0.3, 0.0, 0.05, -2.0, 1.0]], np.float32)
+        result = env.step(action)
+        raw_obs, _, _, _ = raw.step(np.clip(action[0], -1, 1).tolist())
+        _assert_matches_raw(result.obs, raw_obs)
+        assert result.success[0] == raw.check_success() and not result.done[0]
+        assert result.reward[0] == 0.0
+    finally:
+        raw.close()
+
+
+def _assert_matches_raw(obs: LiberoObs, raw_obs: dict) -> None:
+    """The wrapper's observation = the raw one rotated by 180 degrees, proprio from it."""
+    np.testing.assert_array_equal(obs.image[0], raw_obs["agentview_image"][::-1, ::-1])
+    np.testing.assert_array_equal(
+        obs.wrist_image[0], raw_obs["robot0_eye_in_hand_image"][::-1, ::-1]
+    )
+    np.testing.assert_allclose(obs.state[0], _expected_proprio(raw_obs), rtol=0, atol=1e-6)
+
+
+@pytest.mark.libero
+@requires_libero
+def test_success_ends_the_episode_and_max_steps_limits_it(env):
+    env.reset([TASK], [INIT])
+    built = env._envs[0]
+    for _ in range(2):
+        result = env.step(np.zeros((1, 7), np.float32))
+        assert not result.done[0] and not result.success[0] and not built.check_success()
+    built.sim.data.set_joint_qpos(DRAWER_JOINT, -0.155)  # pull the drawer open by hand
+    result = env.step(np.zeros((1, 7), np.float32))
+    assert built.check_success()
+    assert result.success[0] and result.done[0] and result.reward[0] == 1.0
+    latched = env.step(np.ones((1, 7), np.float32))  # done: ignored until the next reset
+    assert latched.done[0] and latched.success[0] and latched.reward[0] == 0.0
+    np.testing.assert_array_equal(latched.obs.state, result.obs.state)
+
+    env.reset([TASK], [INIT])  # same task: the built env is kept (building takes seconds)
+    assert env._envs[0] is built
+    for t in range(1, 5):
+        result = env.step(np.zeros((1, 7), np.float32))
+        assert result.done[0] == (t == 4) and not result.success[0]  # max_steps=4
+
+
+@pytest.mark.libero
+@requires_libero
+def test_vector_env_contract(env):
+    check_vector_env(env, full_episode=False)
+
+
+@pytest.mark.libero
+@requires_libero
+def test_process_pool_gives_the_in_process_episode(env):
+    # Both pool envs start from the same init state (one in-process reset to compare with)
+    # and then take different actions.
+    actions = np.array(
+        [[0.5, 0.2, -0.3, 0.0, 0.1, 0.0, 1.0], [-0.6, 0.4, 0.2, 0.1, 0.0, -0.2, -1.0]], np.float32
+    )
+    pool = make_vector_env("libero", OPTIONS, 2, processes=2)
+    try:
+        first = pool.reset([TASK, TASK], [INIT, INIT])
+        assert pool.task_descriptions == ["open the middle drawer of the cabinet"] * 2
+        stepped = pool.step(actions)
+    finally:
+        pool.close()
+    expected = env.reset([TASK], [INIT])
+    for row in range(2):
+        np.testing.assert_array_equal(first.image[row], expected.image[0])
+        np.testing.assert_array_equal(first.state[row], expected.state[0])
+    result = env.step(actions[1:])
+    np.testing.assert_array_equal(stepped.obs.image[1], result.obs.image[0])
+    np.testing.assert_array_equal(stepped.obs.state[1], result.obs.state[0])
+    assert not np.allclose(stepped.obs.state[0], stepped.obs.state[1], atol=1e-3)
