@@ -2,8 +2,8 @@
 # Install embodied_rl into ./.venv (repo root): system rendering libraries, CPU-or-CUDA torch
 # pinned to one version, then the package in editable mode with the chosen extras.
 #
-#   bash scripts/install.sh                          # extras: dev
-#   EMBODIED_RL_EXTRAS=dev,libero bash scripts/install.sh
+#   bash scripts/install.sh                          # extras: dev,libero
+#   EMBODIED_RL_EXTRAS=dev bash scripts/install.sh   # without LIBERO (saves ~1.6 GB)
 #   EMBODIED_RL_SKIP_APT=1 bash scripts/install.sh   # do not touch system packages
 #
 # Safe to re-run: every phase checks first, and the pip phases are skipped in well under a
@@ -26,7 +26,7 @@ die() {
 }
 
 # --- extras -----------------------------------------------------------------------------
-EXTRAS="${EMBODIED_RL_EXTRAS-dev}"
+EXTRAS="${EMBODIED_RL_EXTRAS-dev,libero}"
 EXTRAS="${EXTRAS// /}"
 case ",$EXTRAS," in
 *,vllm,*)

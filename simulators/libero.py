@@ -6,7 +6,7 @@ then: ``env.seed(seed)``, ``env.reset()``, ``env.set_init_state(<official init s
 ``settle_steps`` no-op actions (``[0, 0, 0, 0, 0, 0, -1]``) that are not counted as episode
 steps. Seeding before *every* reset makes the same ``(task, init_state)`` give the same
 episode in any process: the seed drives the scene layout (fixture placement) that the init
-state does not set.
+state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
 
 Observations (:class:`LiberoObs`): ``image (N, H, W, 3)`` the agentview camera rotated by
 180 degrees, ``wrist_image`` the wrist camera likewise (when ``"wrist"`` is in ``cameras``),

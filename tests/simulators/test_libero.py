@@ -166,6 +166,8 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         _assert_matches_raw(obs, raw_obs)
         assert not np.array_equal(obs.image[0], raw_obs["agentview_image"])  # flip matters
         assert not np.allclose(obs.state[0], unsettled, atol=1e-4)  # the settle steps happened
+        video = raw.sim.render(camera_name="agentview", width=96, height=96)  # render_size
+        np.testing.assert_array_equal(env.render()[0], video[::-1, ::-1])
 
         # The next no-op is the raw env's 11th: the states differ, so 11 settle steps would
         # have been caught above; the wrapper's first counted step equals it.
@@ -174,7 +176,8 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         assert not np.allclose(obs.state[0], _expected_proprio(raw_obs), atol=1e-6)
         _assert_matches_raw(result.obs, raw_obs)
 
-        # The wrapper clips to [-1, 1] and passes the action on unchanged.
+        # Out-of-range values act as the bound (the wrapper clips; robosuite would too), the
+        # rest reaches the env unchanged (no rescaling, no gripper flip).
         action = np.array([[1.7, -0.4, 0.3, 0.0, 0.05, -2.0, 1.0]], np.float32)
         result = env.step(action)
         raw_obs, _, _, _ = raw.step(np.clip(action[0], -1, 1).tolist())
