@@ -109,6 +109,7 @@ def env_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
         ]
     out = _assemble(rows, waves, cfg)
     _log_metrics(ctx, out, time.perf_counter() - started)
+    _log_simulator_faults(ctx, env)
     return out
 
 
@@ -208,3 +209,19 @@ def _log_metrics(ctx: Any, out: TensorDict, seconds: float) -> None:
     ctx.metrics.log("rollout/success_rate", out[K.SUCCESS].float().mean().item(), weight=n)
     ctx.metrics.log("rollout/episode_steps", steps / n, weight=n)
     ctx.metrics.log("rollout/env_steps_per_s", steps / max(seconds, 1e-9), reduce="sum")
+
+
+def _log_simulator_faults(ctx: Any, env: Any) -> None:
+    """Simulator processes restarted this step (crashes, hangs, exceptions), summed over ranks.
+
+    Only process-pool envs recover from faults (their episodes are replayed, so the batch is
+    complete); the counters are cumulative, so the step's events are the difference.
+    """
+    counts = getattr(env, "fault_counts", None)
+    if counts is None:
+        return
+    now = counts()
+    before = ctx.state.get("fault_counts", dict.fromkeys(now, 0))
+    for name, value in now.items():
+        ctx.metrics.log(f"sim/{name}", value - before.get(name, 0), reduce="sum")
+    ctx.state["fault_counts"] = now

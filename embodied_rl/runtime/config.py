@@ -63,12 +63,14 @@ class EvalConfig:
         at_end: run it once more after the last step.
         batch_size: (task, init state) pairs evaluated each time, over all workers.
         max_videos: videos written each time, over all workers.
+        suite_name: shown in the report's title (e.g. the LIBERO suite).
     """
 
     every: int = 0
     at_end: bool = False
     batch_size: int = 8
     max_videos: int = 8
+    suite_name: str = ""
 
 
 SECTIONS = {
