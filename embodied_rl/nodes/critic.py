@@ -1,9 +1,13 @@
 """PPO critic nodes: values at rollout time, GAE advantages, and the value-function update.
 
-The critic is used only through ``critic.values(batch) -> (B, R)`` (differentiable), so any
-value model implementing it fits (see ``policies/causal_lm/critic.py``).
+The critic is used only through ``critic.values(batch)`` (differentiable), so any value model
+implementing it fits. With ``inputs: text`` it returns one value per response token (B, R)
+(see ``policies/causal_lm/critic.py``); with ``inputs: trajectory`` one value per policy step
+(B, T) (an embodied policy with ``value_head: true``), which these nodes expand to the token
+layout (B, T * K) of RESPONSE_MASK (see :func:`step_values_to_tokens`), so ``advantage.gae``
+serves both unchanged.
 
-Shapes: ``B`` samples on this rank, ``R`` response tokens.
+Shapes: ``B`` samples on this rank, ``R`` response tokens (``R = T * K`` for trajectories).
 """
 
 from __future__ import annotations
@@ -29,21 +33,75 @@ from embodied_rl.runtime.context import NodeContext
 REWARD_SOURCES = ("token_rewards", "last_token")
 
 
+# --------------------------------------------------------------------------- step -> token
+def step_values_to_tokens(step_values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-step values (B, T) -> the token layout (B, T * K), 0 where RESPONSE_MASK is 0.
+
+    Every token of step t gets V(s_t): all K action tokens of a step are emitted from the same
+    observation, so the state "before token j" of that step is s_t for each of them.
+
+    Why this is consistent with the unchanged token-level GAE (``gamma``, ``lam`` are then
+    per TOKEN): inside a step the reward is 0 and the next value is the same V(s_t), so the
+    K - 1 inner deltas are ``0 + gamma * V(s_t) - V(s_t) = (gamma - 1) V(s_t)``, and the
+    step's last token carries ``r_t + gamma * V(s_{t+1}) - V(s_t)``. With ``gamma = 1`` the
+    inner deltas vanish and the recursion equals step-level GAE with discount 1 and
+    ``lam_step = lam^K``: the last token of step t gets exactly that step advantage, the token
+    i positions before it ``lam^i`` times it (``lam = 1``: all K tokens get ``G - V(s_t)``).
+    With ``gamma < 1`` the per-step discount is ``gamma^K``. So choose per-token values:
+    ``lam = lam_step^(1/K)``, ``gamma = gamma_step^(1/K)`` (1 for success rewards).
+
+    Args:
+        step_values: (B, T) value of each step's observation.
+        response_mask: (B, T * K) the per-step STEP_MASK repeated over each step's tokens.
+    """
+    b, t = step_values.shape
+    width = response_mask.shape[-1]
+    if t == 0 or width % t != 0 or response_mask.shape[0] != b:
+        raise ValueError(
+            f"step values {tuple(step_values.shape)} do not tile RESPONSE_MASK "
+            f"{tuple(response_mask.shape)} (expected (B, T * K))"
+        )
+    tokens = step_values.repeat_interleave(width // t, dim=1)
+    return tokens * response_mask.to(device=tokens.device, dtype=tokens.dtype)
+
+
+def critic_token_values(critic: torch.nn.Module, batch: TensorDict, inputs: str) -> torch.Tensor:
+    """The critic's values in the token layout (B, R), differentiable.
+
+    ``text``: ``critic.values`` already returns (B, R). ``trajectory``: it returns (B, T),
+    expanded by :func:`step_values_to_tokens`.
+    """
+    values = critic.values(batch)
+    if inputs == "trajectory":
+        values = step_values_to_tokens(values, batch[K.RESPONSE_MASK])
+    return values
+
+
 # --------------------------------------------------------------------------- critic.values
 @dataclass
 class CriticValuesConfig:
-    """Options of ``critic.values``: which model, rows per forward pass."""
+    """Options of ``critic.values``: which model, rows per forward pass, the input kind.
+
+    Attributes:
+        inputs: ``text`` (a token-level LM critic) or ``trajectory`` (per-step values of an
+            embodied critic, expanded to the step's tokens).
+    """
 
     model: str = "critic"
     micro_batch_size: int = 16
+    inputs: str = "text"
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        evaluate_keys(self.inputs)
 
 
 @register_node(
-    "critic.values", reads=evaluate_keys("text"), writes=(K.VALUES,), config=CriticValuesConfig
+    "critic.values",
+    reads=lambda c: evaluate_keys(c.inputs),
+    writes=(K.VALUES,),
+    config=CriticValuesConfig,
 )
 def critic_values_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """VALUES (B, R): the critic's V(s_t) for every response token, before any update."""
@@ -54,7 +112,7 @@ def critic_values_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     chunks = []
     with torch.no_grad():
         for rows in torch.arange(batch_len(batch)).split(cfg.micro_batch_size):
-            chunks.append(critic.values(batch[rows]).float())
+            chunks.append(critic_token_values(critic, batch[rows], cfg.inputs).float())
     critic.train(was_training)
     mask = batch[K.RESPONSE_MASK]
     values = torch.cat(chunks) if chunks else torch.zeros(mask.shape)
@@ -150,6 +208,8 @@ class CriticTrainConfig:
         micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
         cliprange_value: c in ``V_clip = V_old + clip(V - V_old, -c, c)``.
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
+        inputs: ``text`` or ``trajectory`` (as in ``critic.values``); with trajectories every
+            step counts K times (once per token), so ``token-mean`` is the mean over steps.
     """
 
     model: str = "critic"
@@ -158,8 +218,10 @@ class CriticTrainConfig:
     micro_batch_size: int = 16
     cliprange_value: float = 0.2
     loss_agg_mode: str = "token-mean"
+    inputs: str = "text"
 
     def __post_init__(self) -> None:
+        evaluate_keys(self.inputs)
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
@@ -172,7 +234,7 @@ class CriticTrainConfig:
 
 @register_node(
     "critic.train",
-    reads=evaluate_keys("text") + (K.VALUES, K.RETURNS),
+    reads=lambda c: evaluate_keys(c.inputs) + (K.VALUES, K.RETURNS),
     writes=(),
     config=CriticTrainConfig,
 )
@@ -204,7 +266,7 @@ def _micro_batch_value_loss(
     cfg: CriticTrainConfig,
 ) -> torch.Tensor:
     """This micro-batch's share of the mini-batch value loss; logs its metric shares."""
-    values = critic.values(micro)
+    values = critic_token_values(critic, micro, cfg.inputs)
     mask = micro[K.RESPONSE_MASK].float().to(values.device)
     old_values = micro[K.VALUES].to(values.device)
     returns = micro[K.RETURNS].to(values.device)

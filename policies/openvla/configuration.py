@@ -118,6 +118,8 @@ class VLAOptions:
         micro_batch_size: policy steps per forward pass in ``evaluate``.
         seed: seed of the preset's random init (equal on all ranks: identical replicas).
         gradient_checkpointing: recompute the LM's activations in backward.
+        value_head: add a ``Linear(hidden, 1)`` value head (small init) on the LM hidden state
+            at the last prompt position, for ``values(batch) -> (B, T)`` (a PPO critic).
     """
 
     preset: str | None = "tiny"
@@ -131,6 +133,7 @@ class VLAOptions:
     micro_batch_size: int = 32
     seed: int = 0
     gradient_checkpointing: bool = False
+    value_head: bool = False
 
     policy_name = "openvla"  # class attribute: used in messages
 

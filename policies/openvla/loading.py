@@ -42,7 +42,8 @@ if a checkpoint has them, are recomputed instead of loaded.
 
 Ours only, written by :func:`save_checkpoint` under these top-level names (the OpenVLA-OFT
 releases keep their action head / proprio projector in separate ``.pt`` pickles, which are
-not read): ``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``.
+not read): ``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``,
+``value_head.*``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix timm/tran
 # isort: split
 import abc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +218,9 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         action_stats = None if self.statistics is None else self.statistics.get("action")
         self.postprocess = ActionPostprocessor(action_stats, options.gripper_convention)
         self.default_temperature = options.temperature
+        self.value_head = None
+        if options.value_head:
+            self.value_head = make_value_head(vla.hidden_size, options.seed)
 
     @property
     def device(self) -> torch.device:
@@ -303,38 +306,127 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         """
         if temperature <= 0:
             raise ValueError(f"evaluate temperature must be > 0, got {temperature}")
-        step_mask = batch[K.STEP_MASK]
-        b, t = step_mask.shape
+        b, t = batch[K.STEP_MASK].shape
         k = self.tokens_per_step
         targets = batch[self.score_key].reshape(b * t, -1)
         if targets.shape[1] != k:
             raise ValueError(
                 f"{self.score_key} has {targets.shape[1]} entries per step, expected {k}"
             )
-        images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
-        states = batch.get(K.OBS_STATE, None)
-        states = None if states is None else states.reshape(b * t, -1)
-        instructions = strings(batch, K.PROMPT_TEXT)
-        valid = torch.nonzero(step_mask.reshape(-1).cpu() > 0).squeeze(1)
         logprobs, entropies = [], []
-        for rows in valid.split(self.options.micro_batch_size):
+        steps = StepInputs.from_batch(batch)
+        size = self.options.micro_batch_size
+        for rows, images, instructions, states in steps.micro_batches(size):
             logp, ent = self.score_steps(
-                images[rows.to(images.device)],
-                [instructions[r // t] for r in rows.tolist()],
-                None if states is None else states[rows.to(states.device)],
-                targets[rows.to(targets.device)],
-                temperature,
+                images, instructions, states, targets[rows.to(targets.device)], temperature
             )
             logprobs.append(logp)
             entropies.append(ent)
-        device = self.device
-        out = []
-        for parts in (logprobs, entropies):
-            full = torch.zeros(b * t, k, device=device)
-            if parts:
-                full = full.index_copy(0, valid.to(device), torch.cat(parts).float())
-            out.append(full.reshape(b, t * k))
-        return out[0], out[1]
+        logprobs_full = steps.scatter(logprobs, k, self.device).reshape(b, t * k)
+        entropy_full = steps.scatter(entropies, k, self.device).reshape(b, t * k)
+        return logprobs_full, entropy_full
+
+    def observation_values(
+        self,
+        images: np.ndarray | torch.Tensor,
+        instructions: Sequence[str],
+        states: np.ndarray | torch.Tensor | None,
+    ) -> torch.Tensor:
+        """V(s) (n,) float32 of n observations (differentiable; needs ``value_head``).
+
+        The observation alone, ``[BOS, image, (proprio), prompt]``, goes through the LM and the
+        value head reads the hidden state at the last prompt position (prompts are
+        left-padded, so that is the last position of every row; it has attended to the image
+        and the whole instruction, causally or bidirectionally).
+        """
+        if self.value_head is None:
+            raise ValueError(f"this {type(self).__name__} has no value head; set value_head: true")
+        embeds, mask, positions = self.build_sequence(images, instructions, states)
+        hidden = self.vla.decode(embeds, mask, positions).last_hidden_state[:, -1]
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+    def values(self, batch: TensorDict) -> torch.Tensor:
+        """Value of every step's observation (B, T) float32, 0 on masked steps (differentiable).
+
+        Reads OBS_IMAGE, PROMPT_TEXT, OBS_STATE (with proprio) and STEP_MASK like ``evaluate``;
+        valid steps go through :meth:`observation_values` ``micro_batch_size`` at a time.
+        """
+        b, t = batch[K.STEP_MASK].shape
+        steps = StepInputs.from_batch(batch)
+        parts = [
+            self.observation_values(images, instructions, states).unsqueeze(-1)
+            for _, images, instructions, states in steps.micro_batches(
+                self.options.micro_batch_size
+            )
+        ]
+        return steps.scatter(parts, 1, self.device).reshape(b, t)
+
+
+def make_value_head(hidden_size: int, seed: int) -> nn.Linear:
+    """``Linear(hidden_size, 1)`` with small weights (std 1e-3) and a zero bias.
+
+    Initialised under its own seed in a forked RNG, so adding it changes no other weight.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = nn.Linear(hidden_size, 1)
+        if not head.weight.is_meta:
+            nn.init.normal_(head.weight, std=1e-3)
+            nn.init.zeros_(head.bias)
+    return head
+
+
+class StepInputs:
+    """The valid steps of a trajectory batch, flattened to observations (shared batching).
+
+    Attributes:
+        images: (B * T, H, W, 3) uint8; states: (B * T, S) or ``None``.
+        instructions: B strings (step row r belongs to trajectory r // T).
+        valid: (n,) int64 indices of the valid steps in [0, B * T), on the CPU.
+        b, t: the batch and trajectory sizes.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        states: torch.Tensor | None,
+        instructions: list[str],
+        valid: torch.Tensor,
+        b: int,
+        t: int,
+    ) -> None:
+        self.images, self.states, self.instructions = images, states, instructions
+        self.valid, self.b, self.t = valid, b, t
+
+    @classmethod
+    def from_batch(cls, batch: TensorDict) -> StepInputs:
+        """From OBS_IMAGE (B, T, H, W, 3), OBS_STATE (B, T, S) if any, PROMPT_TEXT, STEP_MASK."""
+        step_mask = batch[K.STEP_MASK]
+        b, t = step_mask.shape
+        images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
+        states = batch.get(K.OBS_STATE, None)
+        states = None if states is None else states.reshape(b * t, -1)
+        valid = torch.nonzero(step_mask.reshape(-1).cpu() > 0).squeeze(1)
+        return cls(images, states, strings(batch, K.PROMPT_TEXT), valid, b, t)
+
+    def micro_batches(
+        self, size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[str], torch.Tensor | None]]:
+        """Yield (rows (m,), images (m, H, W, 3), m instructions, states (m, S) or None)."""
+        for rows in self.valid.split(size):
+            yield (
+                rows,
+                self.images[rows.to(self.images.device)],
+                [self.instructions[r // self.t] for r in rows.tolist()],
+                None if self.states is None else self.states[rows.to(self.states.device)],
+            )
+
+    def scatter(self, parts: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+        """Per-micro-batch outputs (m, width) -> (B * T, width) float32, 0 on masked steps."""
+        full = torch.zeros(self.b * self.t, width, device=device)
+        if parts:
+            full = full.index_copy(0, self.valid.to(device), torch.cat(parts).float())
+        return full
 
 
 def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.device) -> Any:

@@ -249,3 +249,30 @@ def test_checkpoint_round_trip_with_heads(
 def test_seed_gives_identical_weights(discrete: OpenVLAOFTPolicy) -> None:
     again = build_openvla_oft({"seed": 0}, CPU).state_dict()
     assert all(torch.equal(v, again[k]) for k, v in discrete.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- value head
+def test_value_head_values_shapes_masked_zeros_gradient_and_seed() -> None:
+    options = {"seed": 0, "micro_batch_size": 3, "chunk": 2, "value_head": True}
+    critic = build_openvla_oft(options, CPU)
+    obs, state = images(4, seed=5), states(4, seed=6)
+    stored = torch.zeros(4, critic.tokens_per_step, dtype=torch.long)
+    batch = trajectories(obs, state, K.ACTION_TOKENS, stored)
+    critic.train()
+    values = critic.values(batch)
+    assert values.shape == (2, 3) and values.dtype == torch.float32
+    assert values[:, 2].abs().sum() == 0.0  # masked steps
+    with torch.no_grad():  # each step's value is that observation's V(s)
+        direct = critic.observation_values(obs, prompts(), None)
+    assert torch.allclose(values[:, :2].reshape(-1), direct, atol=1e-5)
+    assert values.abs().max() < 0.1  # small init
+    values.sum().backward()
+    assert critic.value_head.weight.grad.abs().sum() > 0
+    assert critic.vla.projector.fc1.weight.grad.abs().sum() > 0  # reaches the backbone too
+    again = build_openvla_oft(options, CPU)
+    assert torch.equal(again.value_head.weight, critic.value_head.weight)
+    plain = build_openvla_oft({"seed": 0, "chunk": 2}, CPU)
+    assert plain.value_head is None
+    assert torch.equal(plain.vla.projector.fc1.weight, again.vla.projector.fc1.weight)
+    with pytest.raises(ValueError, match="no value head"):
+        plain.values(batch)
