@@ -24,6 +24,7 @@ linspace over the valid length, or the valid frames cycled when the episode is s
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def sample_clips(frames: torch.Tensor, lengths: torch.Tensor, num_frames: int) -
     return frames[rows, index.to(frames.device)]
 
 
-class VideoEncoder(nn.Module):
+class VideoEncoder(nn.Module, abc.ABC):
     """Frozen video encoder: padded episode videos -> one embedding per episode.
 
     Subclasses set ``name`` (their registry name) and ``embedding_dim`` and implement
@@ -97,9 +98,9 @@ class VideoEncoder(nn.Module):
     def device(self) -> torch.device:
         return self._anchor.device
 
+    @abc.abstractmethod
     def encode_valid(self, frames: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """(B, T, H, W, 3) uint8 with every length in ``[1, T]`` -> (B, D) float32."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
