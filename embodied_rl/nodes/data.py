@@ -73,19 +73,21 @@ def setup_loader(ctx: NodeContext) -> None:
     )
 
 
-@register_node(
+def next_loader_batch(ctx: NodeContext, batch: None) -> TensorDict:
+    """This rank's (B / dp) rows of the next step from the node's loader (prompts or tasks)."""
+    loader: ShardedPromptLoader | TaskManifestLoader = ctx.state[LOADER_STATE]
+    out = loader.next_batch()
+    ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
+    return out
+
+
+register_node(
     "data.prompts",
     writes=(K.PROMPT_TEXT, K.ANSWER_TEXT, K.SAMPLE_ID),
     source=True,
     config=PromptDataConfig,
     setup=setup_loader,
-)
-def prompts_node(ctx: NodeContext, batch: None) -> TensorDict:
-    """Next step's prompts of this rank: (B / dp) rows of the shuffled file."""
-    loader: ShardedPromptLoader = ctx.state[LOADER_STATE]
-    out = loader.next_batch()
-    ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
-    return out
+)(next_loader_batch)
 
 
 @dataclass
@@ -138,16 +140,10 @@ def setup_task_loader(ctx: NodeContext) -> None:
     )
 
 
-@register_node(
+register_node(
     "data.tasks",
     writes=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
     source=True,
     config=TaskDataConfig,
     setup=setup_task_loader,
-)
-def tasks_node(ctx: NodeContext, batch: None) -> TensorDict:
-    """Next step's (task, init state) rows of this rank."""
-    loader: TaskManifestLoader = ctx.state[LOADER_STATE]
-    out = loader.next_batch()
-    ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
-    return out
+)(next_loader_batch)
