@@ -43,10 +43,10 @@ from embodied_rl.data.balance import assign_units
 from embodied_rl.data.batch import batch_len, non_tensor_keys, strings, tensor_keys
 from embodied_rl.data.layout import Layout
 from embodied_rl.data.transport import (
-    AllToAllTransport,
     TransferStats,
     Transport,
     bytes_to_tensor,
+    transport_for,
 )
 
 Schema = dict[str, tuple[torch.dtype, tuple[int, ...]]]
@@ -388,7 +388,8 @@ def redistribute(
         group: Process group of exactly the ranks of both layouts (ranks sorted); may be None
             when ``src == dst`` or when ``transport`` is given.
         keep_groups: Keep all samples sharing a ``GROUP_ID`` on one destination shard.
-        transport: How bytes move; default :class:`AllToAllTransport` on ``group``.
+        transport: How bytes move; default :func:`transport_for` ``(group)`` (shared memory
+            when all ranks share a machine, else one ``all_to_all_single``).
         stats: Accumulates bytes, collectives and time spent by this rank.
 
     Returns:
@@ -407,7 +408,7 @@ def redistribute(
     if transport is None:
         if group is None:
             raise ValueError("redistribute between different layouts needs a process group")
-        transport = AllToAllTransport(group)
+        transport = transport_for(group)
     if transport.size() != len(union):
         raise ValueError(
             f"the process group has {transport.size()} ranks, the layouts {len(union)} "

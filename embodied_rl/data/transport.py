@@ -3,11 +3,28 @@
 :func:`~embodied_rl.data.databuffer.redistribute` needs only the :class:`Transport` protocol,
 so a different transport (or a central-controller baseline in a benchmark) plugs in without
 touching the assignment logic. :class:`TransferStats` measures what one rank moved.
+
+Two transports:
+
+- :class:`AllToAllTransport`: one ``all_to_all_single`` on the process group. Works across
+  machines and on accelerators (NCCL/HCCL move device memory directly).
+- :class:`SharedMemoryTransport`: for CPU groups whose ranks all run on one machine. gloo moves
+  bytes through TCP loopback (about 1.3 GB/s per rank here, against 7.6 GB/s for a memory
+  copy), so instead each sender writes its slices to ``/dev/shm`` files and each receiver
+  maps them: two memory copies and no socket. Control (metadata, a barrier) stays on gloo.
+
+:func:`transport_for` picks one per process group, once, and caches it.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import pickle
+import socket
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -135,3 +152,143 @@ class AllToAllTransport:
         )
         self.num_collectives += 1
         return out
+
+
+_SHM_ROOT = Path("/dev/shm")
+_instance_ids = itertools.count()
+
+
+def _shm_dir() -> Path:
+    """Where segments live: tmpfs ``/dev/shm`` on Linux, else the temp dir (still page cache)."""
+    return _SHM_ROOT if _SHM_ROOT.is_dir() else Path(tempfile.gettempdir())
+
+
+class SharedMemoryTransport:
+    """:class:`Transport` for ranks on one machine: payload through shared-memory files.
+
+    ``all_to_all`` writes each outgoing slice to its own file named after (sender pid, transport
+    instance, call number, receiver), waits at a barrier, then every receiver maps the files
+    addressed to it and unlinks them (the mapping outlives the name). With a single source the
+    mapping itself is returned, so the receiver copies nothing. Construction is collective: the
+    ranks exchange their pid and instance id once, so names never collide between runs,
+    groups or calls. Metadata all-gathers and the barrier go through ``group`` (gloo).
+
+    Args:
+        group: CPU process group whose ranks all run on this machine.
+        peers: The (host, pid, instance) of every group rank, from :func:`transport_for`'s
+            handshake.
+        instance: This rank's instance id, part of its file names.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup, peers: list[tuple[str, int, int]], instance: int
+    ) -> None:
+        self.collective = AllToAllTransport(group)
+        self.group, self.peers, self.instance = group, peers, instance
+        self.calls = 0
+        self.root = _shm_dir()
+
+    @property
+    def num_collectives(self) -> int:
+        return self.collective.num_collectives
+
+    def size(self) -> int:
+        return self.collective.size()
+
+    def group_rank(self, global_rank: int) -> int:
+        return self.collective.group_rank(global_rank)
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        return self.collective.all_gather_bytes(payload)
+
+    def _segment(self, sender: int, receiver: int) -> Path:
+        _, pid, instance = self.peers[sender]
+        return self.root / f"erl-db-{pid}-{instance}-{self.calls}-{receiver}"
+
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
+    ) -> torch.Tensor:
+        me = dist.get_rank(self.group)
+        offsets = [0, *itertools.accumulate(send_splits)]
+        for p, nbytes in enumerate(send_splits):
+            if nbytes and p != me:
+                segment = torch.from_file(
+                    str(self._segment(me, p)), shared=True, size=nbytes, dtype=torch.uint8
+                )
+                segment.copy_(send[offsets[p] : offsets[p + 1]])
+                del segment  # unmap: the file keeps the bytes
+        dist.barrier(group=self.group)  # every segment addressed to anyone is written
+        self.collective.num_collectives += 1
+        parts = [
+            self._receive(q, nbytes, send[offsets[me] : offsets[me + 1]])
+            for q, nbytes in enumerate(recv_splits)
+            if nbytes
+        ]
+        self.calls += 1
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def _receive(self, sender: int, nbytes: int, local: torch.Tensor) -> torch.Tensor:
+        """The ``(nbytes,)`` slice ``sender`` addressed to this rank, mapped from its file."""
+        if sender == dist.get_rank(self.group):
+            return local
+        path = self._segment(sender, dist.get_rank(self.group))
+        mapped = torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+        path.unlink()  # the mapping stays valid; the memory goes when the tensor does
+        return mapped
+
+
+def remove_stale_segments() -> list[Path]:
+    """Delete segments whose sender process is gone (a receiver died before reading them).
+
+    Receivers unlink what they read, so only a crash between write and read leaves files.
+    """
+    removed = []
+    for path in _shm_dir().glob("erl-db-*"):
+        pid = int(path.name.split("-")[2])
+        if not _alive(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+# One transport per process group, built at its first use (a collective of the group's ranks,
+# who all reach the same redistribution together). Groups live for the whole run.
+_TRANSPORTS: dict[int, tuple[dist.ProcessGroup, Transport]] = {}
+
+
+def transport_for(group: dist.ProcessGroup) -> Transport:
+    """The transport for ``group``: shared memory when every rank is on this machine and the
+    group's backend is gloo, else :class:`AllToAllTransport`. Collective on first use.
+
+    ``EMBODIED_RL_TRANSPORT=collective`` forces the collective transport (for comparisons).
+    """
+    cached = _TRANSPORTS.get(id(group))
+    if cached is not None and cached[0] is group:
+        return cached[1]
+    transport: Transport = AllToAllTransport(group)
+    wanted = os.environ.get("EMBODIED_RL_TRANSPORT", "auto")
+    if wanted not in ("auto", "collective", "shm"):
+        raise ValueError(f"EMBODIED_RL_TRANSPORT must be auto, collective or shm, got {wanted!r}")
+    if wanted != "collective" and dist.get_backend(group) == "gloo":
+        instance = next(_instance_ids)
+        me = pickle.dumps((socket.gethostname(), os.getpid(), instance))
+        peers = [pickle.loads(p) for p in transport.all_gather_bytes(me)]
+        if len({host for host, _, _ in peers}) == 1:
+            remove_stale_segments()
+            transport = SharedMemoryTransport(group, peers, instance)
+        elif wanted == "shm":
+            raise ValueError("EMBODIED_RL_TRANSPORT=shm needs every rank on one machine")
+    _TRANSPORTS[id(group)] = (group, transport)
+    return transport

@@ -10,10 +10,12 @@ and checks that each sample arrived exactly once, intact, where the balanced ass
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import ray
@@ -26,6 +28,7 @@ from embodied_rl.data.balance import assign_units, bin_loads
 from embodied_rl.data.batch import make_batch, non_tensor_keys, strings, tensor_keys
 from embodied_rl.data.databuffer import TransferStats, redistribute, token_weights
 from embodied_rl.data.layout import Layout
+from embodied_rl.data.transport import AllToAllTransport, transport_for
 
 pytestmark = pytest.mark.ray
 
@@ -47,6 +50,7 @@ class Case:
     keep_groups: bool = True
     bad_shape_dp: int = -1  # this source shard pads RESPONSE_IDS to a longer length
     poison_tp: bool = False  # non-leader source tp members hold different (wrong) data
+    collective: bool = False  # force the all_to_all transport (default: shared memory here)
 
 
 def prompt_len(sid: int, case: Case) -> int:
@@ -140,6 +144,9 @@ class RankActor:
         self.rank = rank
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def setup(self, port: int) -> None:
         dist.init_process_group(
             "gloo",
@@ -163,6 +170,7 @@ class RankActor:
         if case.poison_tp and self.rank in case.src and case.src.tp_rank(self.rank) > 0:
             batch = make_samples([900 + self.rank], case)  # would show up if non-leaders sent
         stats = TransferStats()
+        transport = AllToAllTransport(group) if case.collective and group is not None else None
         try:
             out = redistribute(
                 batch,
@@ -171,13 +179,15 @@ class RankActor:
                 self.rank,
                 group,
                 keep_groups=case.keep_groups,
+                transport=transport,
                 stats=stats,
             )
         except ValueError as err:
             return {"error": str(err)}
+        used = type(transport or transport_for(group)).__name__ if group is not None else None
         if out is None:
-            return {"out": None, "stats": asdict(stats)}
-        return {"out": summarize(out, batch), "stats": asdict(stats)}
+            return {"out": None, "stats": asdict(stats), "transport": used}
+        return {"out": summarize(out, batch), "stats": asdict(stats), "transport": used}
 
 
 def _free_port() -> int:
@@ -284,6 +294,20 @@ def test_two_to_four(actors) -> None:
     # Ranks 2 and 3 only receive; ranks 0 and 1 keep part of their rows locally.
     assert results[2]["stats"]["bytes_sent"] == 0 and results[2]["stats"]["bytes_received"] > 0
     assert results[0]["stats"]["bytes_local"] > 0
+
+
+def test_shared_memory_and_collective_transports_deliver_the_same_shards(actors) -> None:
+    case = Case(L3, L4, counts=(5, 7, 4), group_size=4, var_len=True)
+    shm_shards, shm_results = check_case(actors, case)
+    all_to_all_shards, a2a_results = check_case(actors, replace(case, collective=True))
+    assert shm_shards == all_to_all_shards
+    # All four actors run on this machine, so the default transport is shared memory.
+    assert {r["transport"] for r in shm_results} == {"SharedMemoryTransport"}
+    assert {r["transport"] for r in a2a_results} == {"AllToAllTransport"}
+    # Receivers unlink every segment they map: nothing is left in /dev/shm.
+    pids = ray.get([a.pid.remote() for a in actors], timeout=TIMEOUT_S)
+    left = [p for p in Path("/dev/shm").glob("erl-db-*") if int(p.name.split("-")[2]) in pids]
+    assert left == []
 
 
 def test_four_to_two(actors) -> None:
