@@ -7,11 +7,19 @@ Shapes: ``N`` episodes (input rows x ``group_size``), ``T`` policy steps (``max_
 a policy step executes a chunk of ``C`` env actions), ``K`` action tokens per policy step.
 A step is valid (``STEP_MASK`` 1) when the episode had not ended before it; the trainer's
 ``RESPONSE_MASK``/``OLD_LOGPROBS`` are these flattened to ``(N, T*K)`` step-major.
+
+Besides the rollout metrics, each call logs where its wall time went, in seconds, max over
+ranks like the executor's ``time/<node id>`` for the whole call: ``time/<node id>/simulate``
+(``env.reset``, ``env.step`` and ``env.render``), of which ``time/<node id>/reset`` in
+``env.reset``, and ``time/<node id>/policy`` (``policy.act``); the rest of the call is
+bookkeeping (copies, assembly).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,26 +109,45 @@ def env_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     rows[K.GROUP_ID] = rows[K.SAMPLE_ID].clone()
     rows[K.SAMPLE_ID] = rows[K.SAMPLE_ID] * cfg.group_size + g
     started = time.perf_counter()
+    phases = {"reset": 0.0, "step": 0.0, "policy": 0.0}  # wall seconds, summed over waves
     with torch.random.fork_rng(devices=[]):  # reproducible sampling, also after resume
         torch.manual_seed(ctx.seed("act"))
         waves = [
-            _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg)
+            _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg, phases)
             for i in range(0, n, cfg.num_envs)
         ]
     out = _assemble(rows, waves, cfg)
     _log_metrics(ctx, out, time.perf_counter() - started)
+    _log_phases(ctx, phases)
     _log_simulator_faults(ctx, env)
     return out
 
 
-def _run_wave(env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig) -> dict[str, Any]:
-    """Roll out up to ``num_envs`` episodes together; pads the wave to all envs."""
+@contextmanager
+def _timed(phases: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the wall seconds of the ``with`` block to ``phases[phase]``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[phase] += time.perf_counter() - started
+
+
+def _run_wave(
+    env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig, phases: dict[str, float]
+) -> dict[str, Any]:
+    """Roll out up to ``num_envs`` episodes together; pads the wave to all envs.
+
+    Adds the seconds spent in ``env.reset``, in ``env.step``/``env.render`` and in
+    ``policy.act`` to ``phases["reset"]``, ``["step"]`` and ``["policy"]``.
+    """
     tasks, inits = rows[K.TASK_ID], rows[K.INIT_STATE_ID]
     count = len(tasks)
     pad = env.num_envs - count
     task_ids = tasks.tolist() + [tasks[0].item()] * pad  # padding envs: results ignored
     init_ids = inits.tolist() + [inits[0].item()] * pad
-    obs = env.reset(task_ids, init_ids)
+    with _timed(phases, "reset"):
+        obs = env.reset(task_ids, init_ids)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
     keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames")
@@ -130,23 +157,27 @@ def _run_wave(env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig) ->
     success = np.zeros(env.num_envs, dtype=bool)
     for t in range(horizon):
         if render and t % cfg.frame_stride == 0:
-            record["frames"].append(env.render()[:count].copy())
+            with _timed(phases, "step"):
+                frames = env.render()
+            record["frames"].append(frames[:count].copy())
         record["alive"].append(~done[:count])
         record["state"].append(obs.state[:count].copy())
         record["image"].append(None if obs.image is None else obs.image[:count].copy())
-        act = policy.act(
-            obs.image,
-            descriptions + [""] * pad,
-            obs.state,
-            temperature=cfg.temperature,
-            do_sample=cfg.do_sample,
-        )
+        with _timed(phases, "policy"):
+            act = policy.act(
+                obs.image,
+                descriptions + [""] * pad,
+                obs.state,
+                temperature=cfg.temperature,
+                do_sample=cfg.do_sample,
+            )
         record["tokens"].append(None if act.tokens is None else act.tokens[:count])
         record["raw"].append(None if act.raw_actions is None else act.raw_actions[:count])
         record["logprobs"].append(act.logprobs[:count])
-        for chunk_step in range(act.actions.shape[1]):
-            result = env.step(act.actions[:, chunk_step])
-            obs, done, success = result.obs, done | result.done, success | result.success
+        with _timed(phases, "step"):
+            for chunk_step in range(act.actions.shape[1]):
+                result = env.step(act.actions[:, chunk_step])
+                obs, done, success = result.obs, done | result.done, success | result.success
         if done[:count].all():
             break
     record["success"] = success[:count]
@@ -209,6 +240,14 @@ def _log_metrics(ctx: Any, out: TensorDict, seconds: float) -> None:
     ctx.metrics.log("rollout/success_rate", out[K.SUCCESS].float().mean().item(), weight=n)
     ctx.metrics.log("rollout/episode_steps", steps / n, weight=n)
     ctx.metrics.log("rollout/env_steps_per_s", steps / max(seconds, 1e-9), reduce="sum")
+
+
+def _log_phases(ctx: Any, phases: dict[str, float]) -> None:
+    """Seconds in the simulator (of which in resets) and in the policy, max over ranks."""
+    node = ctx.node_id
+    ctx.metrics.log(f"time/{node}/simulate", phases["reset"] + phases["step"], reduce="max")
+    ctx.metrics.log(f"time/{node}/reset", phases["reset"], reduce="max")
+    ctx.metrics.log(f"time/{node}/policy", phases["policy"], reduce="max")
 
 
 def _log_simulator_faults(ctx: Any, env: Any) -> None:

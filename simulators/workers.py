@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from embodied_rl.registry import SIMULATORS
+from embodied_rl.shm import remove_orphans
 from simulators.base import (
     EnvSpec,
     Obs,
@@ -50,7 +51,7 @@ from simulators.worker_process import block_size, child_main, shared_views
 
 logger = logging.getLogger(__name__)
 
-SHM_PREFIX = "erl_sim"  # names of our shared-memory blocks in /dev/shm start with this
+SHM_PREFIX = "erl_sim"  # our blocks in /dev/shm: erl_sim_<parent pid>_... (embodied_rl.shm)
 
 
 class SimulatorWorkerError(RuntimeError):
@@ -216,6 +217,7 @@ class ProcessVectorEnv(VectorEnv):
         self._descriptions: list[str] = []
         self._was_reset = False
         self._finalizer = weakref.finalize(self, _shutdown, self._children)
+        remove_orphans(f"{SHM_PREFIX}_")  # blocks of pools whose process was killed
         try:
             for child in self._children:
                 self._spawn(child)  # all start importing in parallel ...

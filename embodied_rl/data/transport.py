@@ -22,13 +22,14 @@ import itertools
 import os
 import pickle
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
+from embodied_rl.shm import remove_orphans, shm_dir
 
 
 def bytes_to_tensor(data: bytes) -> torch.Tensor:
@@ -154,13 +155,8 @@ class AllToAllTransport:
         return out
 
 
-_SHM_ROOT = Path("/dev/shm")
+SEGMENT_PREFIX = "erl-db-"  # then the sending process's pid: see embodied_rl.shm
 _instance_ids = itertools.count()
-
-
-def _shm_dir() -> Path:
-    """Where segments live: tmpfs ``/dev/shm`` on Linux, else the temp dir (still page cache)."""
-    return _SHM_ROOT if _SHM_ROOT.is_dir() else Path(tempfile.gettempdir())
 
 
 class SharedMemoryTransport:
@@ -186,7 +182,7 @@ class SharedMemoryTransport:
         self.collective = AllToAllTransport(group)
         self.group, self.peers, self.instance = group, peers, instance
         self.calls = 0
-        self.root = _shm_dir()
+        self.root = shm_dir()
 
     @property
     def num_collectives(self) -> int:
@@ -203,7 +199,7 @@ class SharedMemoryTransport:
 
     def _segment(self, sender: int, receiver: int) -> Path:
         _, pid, instance = self.peers[sender]
-        return self.root / f"erl-db-{pid}-{instance}-{self.calls}-{receiver}"
+        return self.root / f"{SEGMENT_PREFIX}{pid}-{instance}-{self.calls}-{receiver}"
 
     def all_to_all(
         self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
@@ -239,30 +235,6 @@ class SharedMemoryTransport:
         return mapped
 
 
-def remove_stale_segments() -> list[Path]:
-    """Delete segments whose sender process is gone (a receiver died before reading them).
-
-    Receivers unlink what they read, so only a crash between write and read leaves files.
-    """
-    removed = []
-    for path in _shm_dir().glob("erl-db-*"):
-        pid = int(path.name.split("-")[2])
-        if not _alive(pid):
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 # One transport per process group, built at its first use (a collective of the group's ranks,
 # who all reach the same redistribution together). Groups live for the whole run.
 _TRANSPORTS: dict[int, tuple[dist.ProcessGroup, Transport]] = {}
@@ -286,7 +258,7 @@ def transport_for(group: dist.ProcessGroup) -> Transport:
         me = pickle.dumps((socket.gethostname(), os.getpid(), instance))
         peers = [pickle.loads(p) for p in transport.all_gather_bytes(me)]
         if len({host for host, _, _ in peers}) == 1:
-            remove_stale_segments()
+            remove_orphans(SEGMENT_PREFIX)
             transport = SharedMemoryTransport(group, peers, instance)
         elif wanted == "shm":
             raise ValueError("EMBODIED_RL_TRANSPORT=shm needs every rank on one machine")

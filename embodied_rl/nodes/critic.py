@@ -13,6 +13,7 @@ Shapes: ``B`` samples on this rank, ``R`` response tokens (``R = T * K`` for tra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from tensordict import TensorDict
@@ -27,7 +28,14 @@ from embodied_rl.algorithms.gae import clipped_value_loss, gae
 from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
-from embodied_rl.nodes.train import evaluate_keys, global_counts, sync_and_clip
+from embodied_rl.nodes.train import (
+    check_max_bad_steps,
+    count_bad_steps,
+    create_bad_step_counter,
+    evaluate_keys,
+    global_counts,
+    mini_batch_update,
+)
 from embodied_rl.runtime.context import NodeContext
 
 REWARD_SOURCES = ("token_rewards", "last_token")
@@ -210,6 +218,8 @@ class CriticTrainConfig:
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
         inputs: ``text`` or ``trajectory`` (as in ``critic.values``); with trajectories every
             step counts K times (once per token), so ``token-mean`` is the mean over steps.
+        max_bad_steps: stop the run after this many consecutive steps with a skipped
+            (non-finite loss or gradient) update; 0 never stops (as in ``actor.train``).
     """
 
     model: str = "critic"
@@ -219,9 +229,11 @@ class CriticTrainConfig:
     cliprange_value: float = 0.2
     loss_agg_mode: str = "token-mean"
     inputs: str = "text"
+    max_bad_steps: int = 3
 
     def __post_init__(self) -> None:
         evaluate_keys(self.inputs)
+        check_max_bad_steps(self.max_bad_steps)
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
@@ -237,24 +249,33 @@ class CriticTrainConfig:
     reads=lambda c: evaluate_keys(c.inputs) + (K.VALUES, K.RETURNS),
     writes=(),
     config=CriticTrainConfig,
+    setup=create_bad_step_counter,
 )
 def critic_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """Clipped value regression onto RETURNS, gradients summed over the dp group."""
+    """Clipped value regression onto RETURNS, gradients summed over the dp group.
+
+    Non-finite updates are skipped on every rank, as in ``actor.train`` (``guarded_step``).
+    """
     cfg: CriticTrainConfig = ctx.node_config
     critic = ctx.models[cfg.model]
-    optimizer = ctx.models.optimizer(cfg.model)
     _log_batch_means(ctx, batch)
     critic.train()
+    skipped = 0
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
             counts = global_counts(ctx, mini)
-            optimizer.zero_grad(set_to_none=False)
-            for micro_rows in torch.arange(len(rows)).split(cfg.micro_batch_size):
-                _micro_batch_value_loss(ctx, critic, mini[micro_rows], counts, cfg).backward()
-            grad_norm = sync_and_clip(ctx, critic, ctx.models.grad_clip(cfg.model))
-            optimizer.step()
-            ctx.metrics.log("critic/grad_norm", grad_norm, reduce="max")
+            grad_norm, was_skipped = mini_batch_update(
+                ctx,
+                cfg.model,
+                mini,
+                cfg.micro_batch_size,
+                partial(_micro_batch_value_loss, ctx, critic, counts=counts, cfg=cfg),
+            )
+            skipped += was_skipped
+            if not was_skipped:
+                ctx.metrics.log("critic/grad_norm", grad_norm, reduce="max")
+    count_bad_steps(ctx, "critic", skipped, cfg.max_bad_steps, cfg.model)
     return batch
 
 

@@ -6,7 +6,12 @@ nodes need, so they serve every policy that implements it.
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +30,8 @@ from embodied_rl.algorithms.losses import (
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
 from embodied_rl.runtime.context import NodeContext
+
+logger = logging.getLogger(__name__)
 
 # What ``policy.evaluate`` reads, by the kind of data the policy scores (interfaces.py).
 EVALUATE_KEYS = {
@@ -104,6 +111,8 @@ class ActorTrainConfig:
         temperature: must equal the rollout's sampling temperature.
         inputs: what the policy scores: ``text`` (LLM responses) or ``trajectory``
             (embodied episodes, see ``embodied_rl/interfaces.py``).
+        max_bad_steps: stop the run after this many consecutive steps with a skipped
+            (non-finite loss or gradient) update; 0 never stops (see :func:`guarded_step`).
     """
 
     model: str = "actor"
@@ -122,9 +131,11 @@ class ActorTrainConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    max_bad_steps: int = 3
 
     def __post_init__(self) -> None:
         evaluate_keys(self.inputs)
+        check_max_bad_steps(self.max_bad_steps)
         self.clip_spec()  # raises on a bad clip / ratio / policy-loss combination
         check_aggregation(self.ratio_level, self.loss_agg_mode)
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -154,32 +165,180 @@ class ActorTrainConfig:
         )
 
 
+# --------------------------------------------------------------------- non-finite updates
+BAD_STEPS_STATE = "bad_steps"
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive training steps had a non-finite loss or gradient norm."""
+
+
+def check_max_bad_steps(max_bad_steps: int) -> None:
+    """Validate the ``max_bad_steps`` option of the train nodes."""
+    if max_bad_steps < 0:
+        raise ValueError(f"max_bad_steps must be >= 0 (0 never stops), got {max_bad_steps}")
+
+
+class BadStepCounter:
+    """Consecutive training steps of one node with a skipped update.
+
+    Node state (``ctx.state``), so it is checkpointed: a run resumed in the middle of a streak
+    stops where the uninterrupted run would have.
+    """
+
+    def __init__(self) -> None:
+        self.consecutive = 0
+
+    def blocks_checkpoint(self) -> bool:
+        """No checkpoints during a streak: they would push the last good one out."""
+        return self.consecutive > 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive = int(state["consecutive"])
+
+
+def create_bad_step_counter(ctx: NodeContext) -> None:
+    """Setup of the train nodes: the counter must exist before a checkpoint restores it."""
+    ctx.state[BAD_STEPS_STATE] = BadStepCounter()
+
+
+def mini_batch_update(
+    ctx: NodeContext,
+    model_name: str,
+    mini: TensorDict,
+    micro_batch_size: int,
+    micro_loss: Callable[[TensorDict], torch.Tensor],
+) -> tuple[float, bool]:
+    """One optimizer update of ``ctx.models[model_name]`` on this rank's mini-batch.
+
+    Gradients accumulate over micro-batches of ``micro_batch_size`` rows, then
+    :func:`guarded_step` syncs them and steps unless anything is non-finite.
+
+    Args:
+        mini: this rank's rows of the mini-batch (may be empty).
+        micro_loss: a micro-batch's share of the global mini-batch loss (a scalar).
+
+    Returns:
+        (global gradient norm before clipping, whether the update was skipped).
+    """
+    model = ctx.models[model_name]
+    optimizer = ctx.models.optimizer(model_name)
+    optimizer.zero_grad(set_to_none=False)
+    loss_finite = True
+    for micro_rows in torch.arange(batch_len(mini)).split(micro_batch_size):
+        loss = micro_loss(mini[micro_rows])
+        loss.backward()
+        loss_finite = loss_finite and bool(torch.isfinite(loss))
+    return guarded_step(ctx, model, optimizer, ctx.models.grad_clip(model_name), loss_finite)
+
+
+def guarded_step(
+    ctx: NodeContext,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_norm: float | None,
+    loss_finite: bool,
+) -> tuple[float, bool]:
+    """Sync and clip the gradients, then step the optimizer unless anything is non-finite.
+
+    The decision must be the same on every dp rank, or the replicas' weights drift apart.
+    The gradient norm is taken after the all-reduce, so every rank sees the same number. The
+    loss is local, and a non-finite loss does not always give a non-finite gradient (an inf
+    or NaN in a term that does not depend on the weights, or that reaches them only through
+    a ``torch.where``-style branch whose backward drops it), so the ranks' loss flags are
+    summed in the same all-reduce and one bad rank skips the update everywhere. Skipping
+    before ``optimizer.step()`` keeps the weights and Adam's moments free of NaN.
+
+    Args:
+        loss_finite: whether every micro-batch loss of this rank's mini-batch was finite.
+
+    Returns:
+        (global gradient norm before clipping, whether the update was skipped).
+    """
+    grad_norm, bad_loss_ranks = sync_and_clip(ctx, model, max_norm, loss_finite)
+    if bad_loss_ranks == 0 and math.isfinite(grad_norm):
+        optimizer.step()
+        return grad_norm, False
+    optimizer.zero_grad(set_to_none=False)  # no NaN gradient is left for anything to read
+    if ctx.dp_rank == 0:
+        logger.warning(
+            "step %d, node %r: skipped an update (non-finite loss on %d of %d rank(s), global "
+            "gradient norm %s); weights and optimizer state are unchanged",
+            ctx.step,
+            ctx.node_id,
+            bad_loss_ranks,
+            ctx.dp_size,
+            grad_norm,
+        )
+    return grad_norm, True
+
+
+def count_bad_steps(
+    ctx: NodeContext, prefix: str, skipped: int, max_bad_steps: int, model: str
+) -> None:
+    """Log ``<prefix>/skipped_updates`` and stop after ``max_bad_steps`` bad steps in a row.
+
+    A step with any skipped update is bad; a step without one resets the count. Every rank
+    made the same skip decisions, so every rank raises at the same step.
+    """
+    ctx.metrics.log(f"{prefix}/skipped_updates", skipped, reduce="max")
+    counter = ctx.state.setdefault(BAD_STEPS_STATE, BadStepCounter())
+    counter.consecutive = counter.consecutive + 1 if skipped else 0
+    if not max_bad_steps or counter.consecutive < max_bad_steps:
+        return
+    first = ctx.step - counter.consecutive + 1
+    raise NonFiniteTrainingError(
+        f"node {ctx.node_id!r}: {counter.consecutive} consecutive training steps "
+        f"({first}..{ctx.step}) had a non-finite loss or gradient norm (max_bad_steps="
+        f"{max_bad_steps}); each such update was skipped, so NaN never reached the weights or "
+        f"the optimizer state. Fix: lower the learning rate (models.{model}.optimizer.lr) or "
+        "the gradient clip (optimizer.grad_clip); check the rewards, advantages and log-probs "
+        "for NaN/inf; then resume from the newest checkpoint (resume=true). Or raise "
+        f"max_bad_steps of node {ctx.node_id!r} (0 never stops)."
+    )
+
+
 def _train_reads(cfg: ActorTrainConfig) -> tuple[str, ...]:
     extra = (K.REF_LOGPROBS,) if cfg.kl_coef > 0 else ()
     return evaluate_keys(cfg.inputs) + (K.OLD_LOGPROBS, K.ADVANTAGES) + extra
 
 
-@register_node("actor.train", reads=_train_reads, writes=(), config=ActorTrainConfig)
+@register_node(
+    "actor.train",
+    reads=_train_reads,
+    writes=(),
+    config=ActorTrainConfig,
+    setup=create_bad_step_counter,
+)
 def actor_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """Clipped policy-gradient update with gradients summed over the dp group."""
+    """Clipped policy-gradient update with gradients summed over the dp group.
+
+    Updates with a non-finite loss or gradient norm are skipped on every rank (see
+    :func:`guarded_step`); ``max_bad_steps`` such steps in a row stop the run.
+    """
     cfg: ActorTrainConfig = ctx.node_config
     policy = ctx.models[cfg.model]
-    optimizer = ctx.models.optimizer(cfg.model)
     policy.train()
-    updates = 0
+    skipped = 0
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
             counts = global_counts(ctx, mini)
-            optimizer.zero_grad(set_to_none=False)
-            for micro_rows in rows.new_tensor(range(len(rows))).split(cfg.micro_batch_size):
-                loss = _micro_batch_loss(ctx, policy, mini[micro_rows], counts, cfg)
-                loss.backward()
-            grad_norm = sync_and_clip(ctx, policy, ctx.models.grad_clip(cfg.model))
-            optimizer.step()
-            updates += 1
-            ctx.metrics.log("actor/grad_norm", grad_norm, reduce="max")
-    ctx.metrics.log("actor/updates", updates, reduce="max")
+            grad_norm, was_skipped = mini_batch_update(
+                ctx,
+                cfg.model,
+                mini,
+                cfg.micro_batch_size,
+                partial(_micro_batch_loss, ctx, policy, counts=counts, cfg=cfg),
+            )
+            skipped += was_skipped
+            if not was_skipped:
+                ctx.metrics.log("actor/grad_norm", grad_norm, reduce="max")
+    ctx.metrics.log("actor/updates", _updates_per_step(cfg) - skipped, reduce="max")
+    count_bad_steps(ctx, "actor", skipped, cfg.max_bad_steps, cfg.model)
     return batch
 
 
@@ -244,18 +403,33 @@ def _updates_per_step(cfg: ActorTrainConfig) -> int:
     return cfg.ppo_epochs * cfg.num_mini_batches
 
 
-def sync_and_clip(ctx: NodeContext, policy: torch.nn.Module, max_norm: float | None) -> float:
-    """Sum gradients over the dp group in one flat all-reduce, then clip; returns the norm."""
-    params = [p for p in policy.parameters() if p.requires_grad]
+def sync_and_clip(
+    ctx: NodeContext,
+    model: torch.nn.Module,
+    max_norm: float | None,
+    loss_finite: bool = True,
+) -> tuple[float, int]:
+    """Sum gradients over the dp group in one flat all-reduce, then clip.
+
+    This rank's non-finite-loss flag rides in the same all-reduce as one extra element, so
+    every rank learns how many ranks had a non-finite loss without another collective.
+
+    Returns:
+        (global gradient norm before clipping, number of dp ranks whose loss was non-finite).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    bad_loss_ranks = 0 if loss_finite else 1
     if ctx.dp_group is not None and ctx.dp_size > 1:
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flag = params[0].grad.new_full((1,), float(bad_loss_ranks))
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [flag])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=ctx.dp_group)
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+        bad_loss_ranks = round(float(flat[-1]))
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-    return float(norm)
+    return float(norm), bad_loss_ranks

@@ -145,6 +145,23 @@ class PlanExecutor:
             for key, value in entries.items():
                 self.node_state[node_id][key].load_state_dict(value)
 
+    def blocks_checkpoint(self) -> bool:
+        """Whether a node's state asks to hold checkpoints back (a ``blocks_checkpoint()``
+        method returning True, e.g. the train nodes during a streak of skipped updates)."""
+        return any(
+            entry.blocks_checkpoint()
+            for st in self.node_state.values()
+            for entry in st.values()
+            if hasattr(entry, "blocks_checkpoint")
+        )
+
+    def close(self) -> None:
+        """Close node state that holds outside resources (entries with a ``close`` method)."""
+        for st in self.node_state.values():
+            for entry in st.values():
+                if hasattr(entry, "close"):
+                    entry.close()
+
     def model_names(self) -> set[str]:
         """Models this rank's nodes name in their configs (``model: ...``)."""
         return {getattr(self.dag.by_id[n].config, "model", None) for n in self.contexts} - {None}

@@ -1,7 +1,7 @@
 """The driver: start Ray, one DAG worker per device bundle, watch them, report.
 
 The driver never receives batch data: it sends each worker the resolved config, and gets back
-only small status and metric records (every record is kept in ``RunResult.records`` so a test
+only small status and metric records (the newest are kept in ``RunResult.records``, so a test
 can check that).
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from embodied_rl.devices import bundle, device_spec
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime.config import section, validate_config
+
+_KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult.records)
 
 
 class RunFailed(RuntimeError):
@@ -62,22 +66,47 @@ def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
     return root / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
+def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> dict[str, Any]:
+    """The arguments of ``ray.init``: join ``ray.address``, or start an embedded cluster.
+
+    The embedded cluster runs without the dashboard: anyone who reaches the dashboard can
+    submit jobs, i.e. run code. Its host is pinned to 127.0.0.1 as well, in case some Ray
+    version starts its HTTP server anyway. A cluster joined through ``ray.address`` keeps the
+    dashboard settings it was started with (``ray start --include-dashboard=false`` there).
+    """
+    ray_cfg = section(cfg, "ray")
+    if ray_cfg.address:
+        return {"address": ray_cfg.address, "log_to_driver": True}
+    # Over-subscribe logical CPUs when needed: the workers mostly wait on each other.
+    need = int(num_workers * cpus_per_worker + 0.999)
+    return {
+        "num_cpus": ray_cfg.num_cpus or max(os.cpu_count() or 1, need),
+        "include_dashboard": False,
+        "dashboard_host": "127.0.0.1",
+        "log_to_driver": True,
+    }
+
+
 def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> bool:
     """Connect to ``ray.address`` or start an embedded cluster; returns True if we started it."""
     import ray
 
-    ray_cfg = section(cfg, "ray")
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray_cfg.address:
-        ray.init(address=ray_cfg.address, log_to_driver=True)
-        return False
-    # Over-subscribe logical CPUs when needed: the workers mostly wait on each other.
-    need = int(num_workers * cpus_per_worker + 0.999)
-    num_cpus = ray_cfg.num_cpus or max(os.cpu_count() or 1, need)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
-    return True
+    kwargs = ray_init_kwargs(cfg, num_workers, cpus_per_worker)
+    ray.init(**kwargs)
+    return "address" not in kwargs
+
+
+def _clear_status_files(run_dir: Path) -> None:
+    """Remove the status files of an earlier attempt (a resumed run reuses its run_dir).
+
+    A worker that dies before it writes its own file must not be blamed on the node an
+    earlier process of the same rank died in.
+    """
+    for path in (run_dir / ".status").glob("rank_*.json"):
+        path.unlink(missing_ok=True)
 
 
 def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> RunResult:
@@ -95,6 +124,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
     workers_cfg = section(cfg, "workers")
     run_dir = resolve_run_dir(cfg, mode)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _clear_status_files(run_dir)
     OmegaConf.save(
         cfg, run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml"), resolve=True
     )
@@ -123,6 +153,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
             )
         return _drive(cfg, actors, run_dir, show_progress and mode == "train")
     finally:
+        _close_workers(actors)
         for actor in actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(group)
@@ -130,40 +161,42 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
             ray.shutdown()
 
 
-def _drive(cfg: DictConfig, actors: list[Any], run_dir: Path, show_progress: bool) -> RunResult:
-    """Set the workers up, start their loops, and watch until all finish or one fails."""
+def _close_workers(actors: list[Any], timeout_s: float = 30.0) -> None:
+    """Let live workers close their simulators before they are killed (best effort: a dead
+    or stuck worker is simply killed; its shared memory is removed by the next run)."""
     import ray
 
-    records: list[Any] = []
+    refs = []
+    for actor in actors:
+        try:
+            refs.append(actor.close.remote())
+        except Exception:  # noqa: BLE001 - a dead actor cannot be asked; ray.kill follows
+            continue
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
+def _drive(cfg: DictConfig, actors: list[Any], run_dir: Path, show_progress: bool) -> RunResult:
+    """Set the workers up, start their loops, and watch until all finish or one fails."""
+    # Bounded: the driver polls every worker twice a second, for days in a long run.
+    records: deque[Any] = deque(maxlen=_KEPT_RECORDS)
     monitor = _Monitor(actors, records, run_dir)
-    try:
-        where = monitor.result(0, actors[0].rendezvous_address.remote())
-        for rank, ref in enumerate(
-            [a.setup.remote(where["address"], where["port"]) for a in actors]
-        ):
-            monitor.result(rank, ref)
-    except _WorkerError as failure:
-        raise monitor._explain(failure.rank, failure.error) from None
+    where = monitor.wait_all([actors[0].rendezvous_address.remote()])[0]
+    monitor.wait_all([a.setup.remote(where["address"], where["port"]) for a in actors])
     total = int(cfg.trainer.total_steps)
     bar = ProgressBar(total=total) if show_progress else None
-    pending = {actor.run.remote(): rank for rank, actor in enumerate(actors)}
-    results: dict[int, Any] = {}
-    poll = float(section(cfg, "ray").poll_interval_s)
-    while pending:
-        done, _ = ray.wait(list(pending), timeout=poll)
-        for ref in done:
-            rank = pending.pop(ref)
-            try:
-                results[rank] = monitor.result(rank, ref)
-            except _WorkerError as failure:
-                raise monitor.root_cause(failure.rank, failure.error, pending) from None
+
+    def on_tick() -> None:
         monitor.poll_status()
         if bar is not None and monitor.rank0_status:
             status = monitor.rank0_status
             bar.update(int(status.get("completed", 0)), status.get("metrics") or {})
+
+    poll = float(section(cfg, "ray").poll_interval_s)
+    results = monitor.wait_all([actor.run.remote() for actor in actors], poll, on_tick)
     if bar is not None:
         bar.close()
-    return RunResult(run_dir, results[0]["final_metrics"], records)
+    return RunResult(run_dir, results[0]["final_metrics"], list(records))
 
 
 class _Monitor:
@@ -171,12 +204,40 @@ class _Monitor:
 
     grace_s = 5.0
 
-    def __init__(self, actors: list[Any], records: list[Any], run_dir: Path) -> None:
+    def __init__(self, actors: list[Any], records: deque[Any], run_dir: Path) -> None:
         self.run_dir = run_dir
         self.actors = actors
         self.records = records
         self.last: dict[int, dict[str, Any]] = {}
         self.rank0_status: dict[str, Any] = {}
+
+    def wait_all(
+        self,
+        refs: list[Any],
+        poll_s: float | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> list[Any]:
+        """The results of one call per rank (``refs[rank]``), in rank order.
+
+        Returns as soon as every call is done, and raises :class:`RunFailed` as soon as one
+        fails: the peers of a dead worker may wait in a collective until its timeout
+        (minutes), so they are not waited for. ``on_tick`` runs every ``poll_s`` seconds.
+        """
+        import ray
+
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        while pending:
+            done, _ = ray.wait(list(pending), timeout=poll_s)
+            for ref in done:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = self.result(rank, ref)
+                except _WorkerError as failure:
+                    raise self.root_cause(failure.rank, failure.error, pending) from None
+            if on_tick is not None:
+                on_tick()
+        return [results[rank] for rank in range(len(refs))]
 
     def _explain(self, rank: int, err: Exception) -> RunFailed:
         import ray
@@ -190,13 +251,17 @@ class _Monitor:
             place = f"node {where['node']!r} at step {where.get('step')}"
         else:
             place = f"{where.get('phase') or 'setup'} (before any node ran)"
+        if where.get("pid") is not None:
+            place += f" (pid {where['pid']} on host {where.get('host')})"
         return RunFailed(
             f"worker rank {rank} {what} during {place}; the run was stopped. Cause: {err}"
         )
 
     def _last_known(self, rank: int) -> dict[str, Any]:
         """The newest of the polled status and the status file the worker left behind."""
-        path = self.run_dir / ".status" / f"rank_{rank:05d}.json"
+        from embodied_rl.runtime.worker import status_path
+
+        path = status_path(self.run_dir, rank)
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
@@ -211,7 +276,9 @@ class _Monitor:
         import ray
 
         failures = {rank: err}
-        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.grace_s)
+        done = []
+        if pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.grace_s)
         for ref in done:
             try:
                 ray.get(ref)

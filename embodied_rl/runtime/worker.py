@@ -9,6 +9,7 @@ ever leave a worker; batches stay on the workers.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -17,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -31,7 +33,34 @@ from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
 from embodied_rl.runtime.models import ModelStore
 
-__all__ = ["DAGWorker", "NodeFailure"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["DAGWorker", "NodeFailure", "memory_mb", "status_path"]
+
+_MB = 1024**2
+
+
+def status_path(run_dir: str | Path, rank: int) -> Path:
+    """The small JSON file in which worker ``rank`` records where it is (see ``status``)."""
+    return Path(run_dir) / ".status" / f"rank_{rank:05d}.json"
+
+
+def memory_mb() -> tuple[float, float]:
+    """Resident memory (MiB) of this process and of all its descendants together.
+
+    A worker's descendants are its simulator processes (``rollout.processes > 0``) and the
+    helpers multiprocessing starts for them; with in-process simulators the second value is
+    about 0. Shared pages (e.g. torch libraries) count in every process that maps them, so
+    the sum is an upper bound; its trend over a long run is what shows a leak.
+    """
+    me = psutil.Process()
+    children = 0
+    for child in me.children(recursive=True):
+        try:
+            children += child.memory_info().rss
+        except psutil.NoSuchProcess:  # exited between the listing and the read
+            pass
+    return me.memory_info().rss / _MB, children / _MB
 
 
 class DAGWorker:
@@ -65,8 +94,16 @@ class DAGWorker:
         self.sink = MetricSink()
         self.start_step = 0
         self._active: PlanExecutor | None = None
-        self._status: dict[str, Any] = {"rank": rank, "step": -1, "node": None, "phase": "created"}
+        self._status: dict[str, Any] = {
+            "rank": rank,
+            "pid": os.getpid(),  # lets an operator (or a test) find and kill this process
+            "host": socket.gethostname(),
+            "step": -1,
+            "node": None,
+            "phase": "created",
+        }
         self._metrics: dict[str, float] = {}
+        self._set_status(-1, "created", None)  # replaces the file of an earlier attempt
 
     # ----------------------------------------------------------------------- set-up
     def rendezvous_address(self) -> dict[str, Any]:
@@ -80,7 +117,7 @@ class DAGWorker:
 
     def setup(self, address: str, port: int) -> dict[str, Any]:
         """Join the process group, create every sub-group, build nodes, restore a checkpoint."""
-        self._status["phase"] = "setup"
+        self._set_status(-1, "setup", None)
         dist.init_process_group(
             self.device_spec.backend,
             init_method=f"tcp://{address}:{port}",
@@ -105,7 +142,7 @@ class DAGWorker:
         if self.cfg.resume or self.mode == "eval":
             self._restore(required=self.mode == "train")
         self.logger = self._make_logger() if self.rank == 0 else None
-        self._status["phase"] = "ready"
+        self._set_status(-1, "ready", None)
         return {"rank": self.rank, "start_step": self.start_step}
 
     def _context(
@@ -161,10 +198,29 @@ class DAGWorker:
             if self._eval_due(step + 1, total):
                 self._walk("eval", step + 1)
             self.sink.log("time/step", time.perf_counter() - started, reduce="max")
+            self._log_memory()
             self._publish_metrics(step)
             if every > 0 and ((step + 1) % every == 0 or step + 1 == total):
-                self._save(step + 1)
+                self._save_unless_unhealthy(step + 1)
         return self._finish(total)
+
+    def _save_unless_unhealthy(self, completed_steps: int) -> None:
+        """Checkpoint, except while a node is in a streak of skipped (non-finite) updates.
+
+        Such a checkpoint would push the last good one out of ``keep_checkpoints``. Every rank
+        must take the same decision (saving has barriers), so the flags are all-reduced.
+        """
+        flag = torch.tensor([float(any(ex.blocks_checkpoint() for ex in self.executors.values()))])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            if self.rank == 0:
+                logger.warning(
+                    "step %d: no checkpoint while updates are being skipped (non-finite loss "
+                    "or gradients); the last good checkpoint is kept",
+                    completed_steps,
+                )
+            return
+        self._save(completed_steps)
 
     def _eval_due(self, completed: int, total: int) -> bool:
         if "eval" not in self.executors:
@@ -181,6 +237,12 @@ class DAGWorker:
             self._active.run(step)
         finally:
             self._active = None
+
+    def _log_memory(self) -> None:
+        """RSS of this worker and of its simulator processes (the largest over workers)."""
+        worker_mb, children_mb = memory_mb()
+        self.sink.log("memory/worker_rss_mb", worker_mb, reduce="max")
+        self.sink.log("memory/simulator_rss_mb", children_mb, reduce="max")
 
     def _finish(self, steps_done: int) -> dict[str, Any]:
         self._status.update(phase="done", node=None)
@@ -250,8 +312,8 @@ class DAGWorker:
         when the death happened between two status polls.
         """
         self._status.update(step=step, phase=phase, node=node)
-        path = self.run_dir / ".status" / f"rank_{self.rank:05d}.json"
-        path.parent.mkdir(exist_ok=True)
+        path = status_path(self.run_dir, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._status))
         os.replace(tmp, path)
@@ -262,6 +324,11 @@ class DAGWorker:
         if self.rank == 0:
             record["metrics"] = dict(self._metrics)
         return record
+
+    def close(self) -> None:
+        """Release what nodes hold outside this process (simulator processes, shared memory)."""
+        for executor in self.executors.values():
+            executor.close()
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -345,9 +345,16 @@ def _load_pretrained(config: CausalLMConfig) -> PreTrainedModel:
             f"causal_lm path {folder} has no config.json; point path at a local HF checkpoint "
             "directory (config.json + *.safetensors); nothing is downloaded"
         )
+    if not any(folder.glob("*.safetensors")):
+        raise FileNotFoundError(
+            f"causal_lm path {folder} has no *.safetensors weights; only safetensors are "
+            "loaded (pickled pytorch_model.bin files can run code when unpickled): convert "
+            "the checkpoint with save_pretrained, which writes safetensors"
+        )
     model = AutoModelForCausalLM.from_pretrained(
         str(folder),
         local_files_only=True,
+        use_safetensors=True,
         trust_remote_code=config.trust_remote_code,
         dtype=config.torch_dtype,
     )

@@ -82,6 +82,8 @@ def test_failed_worker_stops_the_run_naming_rank_and_node(tmp_path, mode, what):
     message = str(info.value)
     assert f"worker rank 1 {what}" in message
     assert "during node 'chaos' at step 1" in message
+    status = json.loads((tmp_path / ".status" / "rank_00001.json").read_text())
+    assert f"(pid {status['pid']} on host {status['host']})" in message  # where to look
     assert time.monotonic() - started < 120  # stopped, not hung on rank 0's collectives
 
 
