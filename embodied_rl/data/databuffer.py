@@ -299,9 +299,12 @@ def _unpack(
         for s, segment in enumerate(segments):
             parts.append(segment[offsets[s] : offsets[s] + counts[s] * width])
             offsets[s] += counts[s] * width
-        # cat allocates a fresh buffer at offset 0, so the dtype view below is aligned.
+        # A fresh buffer at offset 0, so the dtype view below is aligned. One part (the usual
+        # case: one source per destination) is cloned: torch.cat of a single 1-D uint8 tensor
+        # is about 2x slower than clone on CPU (measured: 150 MiB in 0.144 s vs 0.077 s).
+        data = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
         dtype, shape = schema[key]
-        out[key] = torch.cat(parts).view(dtype).reshape(total, *shape)
+        out[key] = data.view(dtype).reshape(total, *shape)
     objects = []
     for s, segment in enumerate(segments):
         if object_keys and counts[s]:

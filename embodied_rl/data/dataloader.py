@@ -1,10 +1,10 @@
 """Distributed prompt loader: each data-parallel rank reads only its own rows of a file.
 
 The global order is a pure function of ``(seed, epoch, step_in_epoch)``: epoch ``e`` uses the
-permutation ``torch.randperm(N, generator=manual_seed(seed + e))`` of all row indices, global
-step ``k`` of the epoch takes ``perm[k*B:(k+1)*B]`` and data-parallel rank ``d`` takes the
-``d``-th contiguous slice of ``B / dp_size`` of it. No rank needs to talk to another to agree on
-the order, and a rank opens and parses only the rows of its slice.
+permutation ``torch.randperm(U, generator=manual_seed(seed + e))`` of the ``U`` usable rows
+(see below), global step ``k`` of the epoch takes ``perm[k*B:(k+1)*B]`` and data-parallel rank
+``d`` takes the ``d``-th contiguous slice of ``B / dp_size`` of it. No rank needs to talk to
+another to agree on the order, and at each step a rank opens and parses only its own rows.
 
 Supported files:
 
@@ -14,10 +14,29 @@ Supported files:
 - Parquet: read through ``pyarrow.parquet.ParquetFile``; for each step only the row groups
   holding this rank's rows are read, and only the needed rows are converted to Python.
 
-Fields: ``prompt`` becomes ``keys.PROMPT_TEXT``, ``answer`` (when the file has it) becomes
-``keys.ANSWER_TEXT``; ``keys.SAMPLE_ID`` is ``k * B + position`` for the loader's k-th global
-batch (unique over the run on all ranks together) and ``keys.ROW_INDEX`` is the row's index
-in the file.
+Fields: ``prompt`` becomes ``keys.PROMPT_TEXT``, ``answer`` (when ``required_fields`` names
+it) becomes ``keys.ANSWER_TEXT``; ``keys.SAMPLE_ID`` is ``k * B + position`` for the loader's
+k-th global batch (unique over the run on all ranks together) and ``keys.ROW_INDEX`` is the
+row's index in the file.
+
+Row checks: when the loader is built, one pass over the file decides which rows are usable,
+so bad data fails at start-up rather than hours into a run, every step has full batches, and
+every rank agrees on the usable rows (hence on the epoch length and the order):
+
+- ``malformed`` (invalid JSON, not an object, a prompt that is not a string) and
+  ``missing_field`` (a required field absent or null) refuse the file: ``ValueError`` naming
+  the file, the line (JSONL, 1-based) or row (Parquet, 0-based), the field and the fix. With
+  ``on_bad_row="drop"`` such rows are dropped and counted instead.
+- ``empty`` (an empty or whitespace-only prompt) is dropped and counted: the row asks
+  nothing, and one such row should not stop a large data set.
+- ``too_long`` (more than ``max_prompt_tokens`` tokens) is dropped and counted: cutting the
+  prompt would silently change the task, and the rollout refuses it mid-run.
+
+Drops are never silent: a warning names the counts and the first line of each reason, and
+``dropped`` holds the counts (the data node logs them as ``data/dropped_<reason>``). The
+pass is shared out: given an ``exchange`` (an all-gather over the data-parallel group), each
+rank checks only its contiguous ``1/dp_size`` block of rows and the ranks swap the results
+(one byte per row); without one, a loader checks every row itself.
 """
 
 from __future__ import annotations
@@ -26,7 +45,7 @@ import bisect
 import json
 import logging
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +61,17 @@ from embodied_rl.data.sampler import EpochSampler
 logger = logging.getLogger(__name__)
 
 _INDEX_CHUNK_BYTES = 1 << 20
+_CHECK_BLOCK_BYTES = 1 << 22  # bytes read at once by the row-check pass over a JSONL file
+_TOKENIZE_CHUNK = 1024  # prompts per count_tokens call
 _BAD_ROW_MODES = ("error", "drop")
+# Why a row is not used; a row's status byte is 1 + its reason's index (0: usable).
+REASONS = ("malformed", "missing_field", "empty", "too_long")
+_REFUSED = ("malformed", "missing_field")  # errors unless on_bad_row="drop"
 
 # (parsed record or None, error text or None) for one requested row
 _RawRow = tuple[Any, "str | None"]
+# all-gather over the data-parallel group: this rank's object in, every rank's out
+Exchange = Callable[[Any], list[Any]]
 
 
 def index_jsonl(path: Path, chunk_bytes: int = _INDEX_CHUNK_BYTES) -> tuple[array, array, array]:
@@ -82,6 +108,13 @@ def index_jsonl(path: Path, chunk_bytes: int = _INDEX_CHUNK_BYTES) -> tuple[arra
     return starts, lengths, line_numbers
 
 
+def _parse_json(raw: bytes) -> _RawRow:
+    try:
+        return json.loads(raw), None
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        return None, f"is not valid JSON ({err})"
+
+
 class _JsonlSource:
     """Random access to the rows of a JSONL file through a line-offset index."""
 
@@ -92,6 +125,7 @@ class _JsonlSource:
         self.num_rows = len(self._starts)
         self.columns: frozenset[str] | None = None  # unknown until rows are parsed
         self.rows_parsed = 0
+        self.rows_checked = 0
 
     def where(self, row: int) -> str:
         return f"line {self._line_numbers[row]}"
@@ -104,13 +138,27 @@ class _JsonlSource:
         with open(self.path, "rb") as f:
             for i in order:
                 f.seek(self._starts[rows[i]])
-                raw = f.read(self._lengths[rows[i]])
+                out[i] = _parse_json(f.read(self._lengths[rows[i]]))
                 self.rows_parsed += 1
-                try:
-                    out[i] = (json.loads(raw), None)
-                except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-                    out[i] = (None, f"is not valid JSON ({err})")
         return out
+
+    def scan(self, first: int, stop: int) -> Iterator[tuple[int, Any, str | None]]:
+        """``(row, record, error)`` for rows ``first..stop-1``, read in large sequential pieces."""
+        with open(self.path, "rb") as f:
+            row = first
+            while row < stop:
+                base, end = self._starts[row], row + 1
+                while end < stop and self._starts[end] + self._lengths[end] - base <= (
+                    _CHECK_BLOCK_BYTES
+                ):
+                    end += 1
+                f.seek(base)
+                data = f.read(self._starts[end - 1] + self._lengths[end - 1] - base)
+                for r in range(row, end):
+                    offset = self._starts[r] - base
+                    self.rows_checked += 1
+                    yield r, *_parse_json(data[offset : offset + self._lengths[r]])
+                row = end
 
 
 class _ParquetSource:
@@ -128,6 +176,7 @@ class _ParquetSource:
         for g in range(metadata.num_row_groups):
             self._group_starts.append(self._group_starts[-1] + metadata.row_group(g).num_rows)
         self.rows_parsed = 0
+        self.rows_checked = 0
 
     def where(self, row: int) -> str:
         return f"row {row} (0-based)"
@@ -149,6 +198,18 @@ class _ParquetSource:
             self.rows_parsed += len(positions)
         return out
 
+    def scan(self, first: int, stop: int) -> Iterator[tuple[int, Any, str | None]]:
+        """``(row, record, None)`` for rows ``first..stop-1``, one row group at a time."""
+        if first >= stop:
+            return
+        for group in range(self._group_of(first), self._group_of(stop - 1) + 1):
+            start = self._group_starts[group]
+            lo, hi = max(first, start), min(stop, self._group_starts[group + 1])
+            table = self._file.read_row_group(group, columns=self._read_columns)
+            for i, record in enumerate(table.slice(lo - start, hi - lo).to_pylist()):
+                self.rows_checked += 1
+                yield lo + i, record, None
+
 
 def _open_source(path: Path, wanted_columns: Sequence[str]) -> _JsonlSource | _ParquetSource:
     if not path.is_file():
@@ -161,19 +222,81 @@ def _open_source(path: Path, wanted_columns: Sequence[str]) -> _JsonlSource | _P
     raise ValueError(f"prompt file {path} has an unknown suffix {suffix!r}; use .jsonl or .parquet")
 
 
-def _row_problem(record: Any, fields: Sequence[str]) -> str | None:
-    """Why a parsed row cannot be used, or ``None`` when it is fine."""
+def _row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
+    """``(reason, what is wrong)`` for a parsed row that cannot be used, else ``None``."""
     if not isinstance(record, dict):
-        return f"is not a JSON object (got {type(record).__name__})"
+        return "malformed", f"is not a JSON object (got {type(record).__name__})"
     for name in fields:
         if record.get(name) is None:
-            return f"lacks the required field {name!r}"
+            return "missing_field", f"lacks the required field {name!r}"
     prompt = record["prompt"]
     if not isinstance(prompt, str):
-        return f"has a prompt of type {type(prompt).__name__}, expected a string"
+        return "malformed", f"has a prompt of type {type(prompt).__name__}, expected a string"
     if not prompt.strip():
-        return "has an empty prompt"
+        return "empty", "has an empty prompt"
     return None
+
+
+class RowCheck:
+    """The row-check pass over rows ``first..stop-1`` of a source (see the module docstring).
+
+    Attributes:
+        status: one byte per row of the block: 0 usable, else 1 + the index in ``REASONS``.
+        first_seen: per reason, the first ``(row, problem)`` in the block.
+    """
+
+    def __init__(
+        self,
+        source: _JsonlSource | _ParquetSource,
+        fields: Sequence[str],
+        first: int,
+        stop: int,
+        max_prompt_tokens: int | None,
+        count_tokens: Callable[[list[str]], Sequence[int]] | None,
+    ) -> None:
+        self.first = first
+        self.status = bytearray(stop - first)
+        self.first_seen: dict[str, tuple[int, str]] = {}
+        self._limit, self._count_tokens = max_prompt_tokens, count_tokens
+        pending: list[tuple[int, str]] = []  # usable so far; their length is checked in chunks
+        for row, record, error in source.scan(first, stop):
+            problem = ("malformed", error) if error else _row_problem(record, fields)
+            if problem is not None:
+                self._mark(row, *problem)
+            elif max_prompt_tokens is not None:
+                pending.append((row, record["prompt"]))
+                if len(pending) == _TOKENIZE_CHUNK:
+                    self._check_lengths(pending)
+                    pending = []
+        self._check_lengths(pending)
+
+    def _mark(self, row: int, reason: str, problem: str) -> None:
+        self.status[row - self.first] = 1 + REASONS.index(reason)
+        self.first_seen.setdefault(reason, (row, problem))
+
+    def _check_lengths(self, pending: list[tuple[int, str]]) -> None:
+        if not pending or self._limit is None or self._count_tokens is None:
+            return
+        counts = self._count_tokens([prompt for _, prompt in pending])
+        for (row, _), count in zip(pending, counts):
+            if count > self._limit:
+                self._mark(
+                    row, "too_long", f"has a prompt of {count} tokens, more than {self._limit}"
+                )
+
+
+def _merge_checks(
+    parts: Sequence[tuple[int, bytes, dict[str, tuple[int, str]]]],
+) -> tuple[bytes, dict[str, tuple[int, str]]]:
+    """The whole file's status bytes and first problems from every rank's ``(dp_rank, ...)``."""
+    ordered = sorted(parts, key=lambda part: part[0])
+    status = b"".join(part[1] for part in ordered)
+    first_seen: dict[str, tuple[int, str]] = {}
+    for _, _, seen in ordered:
+        for reason, found in seen.items():
+            if reason not in first_seen or found[0] < first_seen[reason][0]:
+                first_seen[reason] = found
+    return status, first_seen
 
 
 class ShardedPromptLoader:
@@ -184,18 +307,14 @@ class ShardedPromptLoader:
     position, so a resumed run sees the same batches as an uninterrupted one. The state holds
     global positions only, so it may be loaded with a different ``dp_size``.
 
-    Bad rows (invalid JSON, a missing required field, an empty prompt) raise ``ValueError``
-    naming the file, the line and the fix; with ``on_bad_row="drop"`` they are removed from
-    the batch instead (so that rank's batch is shorter), counted in ``dropped_rows`` and logged.
-    When the first valid row has an ``answer``, ``answer`` is required of every row, so all
-    ranks agree on whether batches carry ``keys.ANSWER_TEXT``.
-
     Attributes:
         num_rows: rows in the file.
+        num_usable: rows left after the row checks; epochs and the order are over these.
+        dropped: rows dropped by the row checks, per reason (``REASONS``; absent when 0).
         steps_per_epoch: global steps per epoch.
         epoch / step_in_epoch: the position of the next batch.
-        dropped_rows: bad rows dropped so far (each time one is met).
-        rows_parsed: rows this loader parsed or converted so far, for checking sharding.
+        rows_parsed: rows this loader parsed for batches so far, for checking sharding.
+        rows_checked: rows this loader parsed in the row-check pass.
     """
 
     def __init__(
@@ -210,8 +329,11 @@ class ShardedPromptLoader:
         required_fields: Sequence[str] = ("prompt",),
         drop_last: bool = True,
         on_bad_row: str = "error",
+        max_prompt_tokens: int | None = None,
+        count_tokens: Callable[[list[str]], Sequence[int]] | None = None,
+        exchange: Exchange | None = None,
     ) -> None:
-        """Index the file (JSONL) or read its metadata (Parquet); no rows are loaded yet.
+        """Index the file, check its rows (see the module docstring); no batch is loaded yet.
 
         Args:
             path: a ``.jsonl`` or ``.parquet`` file.
@@ -219,37 +341,63 @@ class ShardedPromptLoader:
             dp_rank / dp_size: this rank's place in the data-parallel group.
             seed: shuffling seed; epoch ``e`` is shuffled with ``seed + e``.
             shuffle: ``False`` keeps file order in every epoch.
-            required_fields: fields each row must have (``prompt`` is always required).
+            required_fields: fields each row must have (``prompt`` is always required);
+                ``answer`` among them makes batches carry ``keys.ANSWER_TEXT``.
             drop_last: skip the partial last batch of an epoch; with ``False`` it is filled
                 up with rows from the start of the same epoch's order, so every step has
                 ``B`` rows.
-            on_bad_row: ``"error"`` (default: raise ``ValueError``) or ``"drop"``.
+            on_bad_row: ``"error"`` (default: a malformed row or a missing field raises
+                ``ValueError``) or ``"drop"`` (they are dropped and counted).
+            max_prompt_tokens: drop (and count) prompts with more tokens; needs
+                ``count_tokens``. ``None``: no length check.
+            count_tokens: token counts of a list of prompts, as the rollout tokenizes them.
+            exchange: all-gather over the data-parallel group (every rank calls it once,
+                with its ``(dp_rank, ...)`` tuple); with it each rank checks only its block.
+
+        Raises:
+            ValueError: a refused row (file and line), no usable rows, or a bad layout.
         """
         if on_bad_row not in _BAD_ROW_MODES:
             raise ValueError(f"on_bad_row must be one of {_BAD_ROW_MODES}, got {on_bad_row!r}")
+        if (max_prompt_tokens is None) != (count_tokens is None):
+            raise ValueError("max_prompt_tokens and count_tokens go together; pass both or none")
         self.path = Path(path)
         self.on_bad_row = on_bad_row
-        fields = tuple(dict.fromkeys(("prompt", *required_fields)))
-        self._source = _open_source(self.path, (*fields, "answer"))
-        self._check_columns(fields)
+        self._fields = tuple(dict.fromkeys(("prompt", *required_fields)))
+        self._has_answer = "answer" in self._fields
+        self._source = _open_source(self.path, self._fields)
+        self._check_columns(self._fields)
         self.num_rows = self._source.num_rows
+        status, first_seen = self._check_rows(
+            dp_rank, dp_size, max_prompt_tokens, count_tokens, exchange
+        )
+        self.dropped = {r: status.count(1 + i) for i, r in enumerate(REASONS) if 1 + i in status}
+        self._refuse_or_warn(first_seen, dp_rank)
+        self._usable = array("q", (row for row, code in enumerate(status) if code == 0))
+        self.num_usable = len(self._usable)
+        if self.num_usable == 0:
+            raise ValueError(
+                f"{self.path} has no usable rows ({self._summary()}); give it rows with a "
+                "non-empty prompt" + (" that fits max_prompt_tokens" if max_prompt_tokens else "")
+            )
         self.sampler = EpochSampler(
-            self.num_rows,
+            self.num_usable,
             global_batch_size=global_batch_size,
             dp_rank=dp_rank,
             dp_size=dp_size,
             seed=seed,
             shuffle=shuffle,
             drop_last=drop_last,
-            source=str(self.path),
+            source=f"{self.path} (usable rows: {self._summary()})",
         )
-        self.dropped_rows = 0
-        self._has_answer = self._probe_answer(fields)
-        self._fields = fields + (("answer",) if self._has_answer else ())
 
     @property
     def rows_parsed(self) -> int:
         return self._source.rows_parsed
+
+    @property
+    def rows_checked(self) -> int:
+        return self._source.rows_checked
 
     # The position and layout live in the sampler; these read them for callers and tests.
     global_batch_size = property(lambda self: self.sampler.global_batch_size)
@@ -264,12 +412,15 @@ class ShardedPromptLoader:
     step_in_epoch = property(lambda self: self.sampler.step_in_epoch)
 
     def permutation(self, epoch: int) -> torch.Tensor:
-        """The order of all row indices in ``epoch`` (the same on every rank)."""
-        return self.sampler.permutation(epoch)
+        """The order of all file row indices in ``epoch`` (the same on every rank)."""
+        return torch.tensor(self._usable.tolist(), dtype=torch.int64)[
+            self.sampler.permutation(epoch)
+        ]
 
     def global_rows(self, epoch: int, step_in_epoch: int) -> torch.Tensor:
-        """Row indices of the whole global batch at a position (all ranks together)."""
-        return self.sampler.global_rows(epoch, step_in_epoch)
+        """File row indices of the whole global batch at a position (all ranks together)."""
+        positions = self.sampler.global_rows(epoch, step_in_epoch)
+        return torch.tensor([self._usable[p] for p in positions.tolist()], dtype=torch.int64)
 
     def _check_columns(self, fields: Sequence[str]) -> None:
         columns = self._source.columns
@@ -280,62 +431,78 @@ class ShardedPromptLoader:
                 "add them to the file or remove them from required_fields"
             )
 
-    def _probe_answer(self, fields: Sequence[str]) -> bool:
-        """Whether the file carries answers: the schema, or the first valid JSONL row."""
-        if self._source.columns is not None:
-            return "answer" in self._source.columns
-        for row in range(self.num_rows):
-            record, error = self._source.read([row])[0]
-            error = error or _row_problem(record, fields)
-            if error is None:
-                return "answer" in record
-            if self.on_bad_row == "error":
-                self._bad_row(row, error)
-            # In drop mode the bad row is counted and logged when a batch meets it.
-        raise ValueError(f"{self.path} has no valid rows; every row was bad (see the log)")
+    def _check_rows(
+        self,
+        dp_rank: int,
+        dp_size: int,
+        max_prompt_tokens: int | None,
+        count_tokens: Callable[[list[str]], Sequence[int]] | None,
+        exchange: Exchange | None,
+    ) -> tuple[bytes, dict[str, tuple[int, str]]]:
+        """Status byte of every row and the first problem per reason (all ranks agree)."""
+        n, share = self.num_rows, exchange is not None and dp_size > 1
+        first, stop = (n * dp_rank // dp_size, n * (dp_rank + 1) // dp_size) if share else (0, n)
+        check = RowCheck(self._source, self._fields, first, stop, max_prompt_tokens, count_tokens)
+        mine = (dp_rank, bytes(check.status), check.first_seen)
+        return _merge_checks(exchange(mine) if share else [mine])
 
-    def _bad_row(self, row: int, problem: str) -> None:
-        """Raise for a bad row, or count and log it in drop mode."""
-        message = f"{self.path}: {self._source.where(row)} {problem}"
-        if self.on_bad_row == "error":
+    def _refuse_or_warn(self, first_seen: dict[str, tuple[int, str]], dp_rank: int) -> None:
+        """Raise for the first refused row; otherwise warn once (rank 0) about dropped rows."""
+        refused = [first_seen[r] for r in _REFUSED if r in first_seen]
+        if refused and self.on_bad_row == "error":
+            row, problem = min(refused)
+            count = sum(self.dropped.get(r, 0) for r in _REFUSED)
             raise ValueError(
-                f"{message}. Fix or remove that row, or pass on_bad_row='drop' to skip bad "
-                "rows (they are counted in dropped_rows and logged)"
+                f"{self.path}: {self._source.where(row)} {problem} ({count} such row(s) in the "
+                "file). Fix or remove those rows, or set on_bad_row='drop' to skip them (they "
+                "are counted as data/dropped_malformed and data/dropped_missing_field)"
             )
-        self.dropped_rows += 1
-        logger.warning("dropping bad prompt row: %s", message)
+        if self.dropped and dp_rank == 0:
+            firsts = "; ".join(
+                f"{reason}: first at {self._source.where(first_seen[reason][0])}, which "
+                f"{first_seen[reason][1]}"
+                for reason in self.dropped
+            )
+            logger.warning("%s: dropped rows (%s). %s", self.path, self._summary(), firsts)
+
+    def _summary(self) -> str:
+        drops = ", ".join(f"{count} {reason}" for reason, count in self.dropped.items())
+        usable = self.num_rows - sum(self.dropped.values())
+        return f"{usable} of {self.num_rows}" + (f"; dropped {drops}" if drops else "")
 
     def next_batch(self) -> TensorDict:
         """This rank's rows of the next global step, as a batch; advances the position."""
-        rows, sample_ids = self.sampler.current()
+        positions, sample_ids = self.sampler.current()
+        rows = [self._usable[p] for p in positions]
         batch = self._to_batch(rows, sample_ids, self._source.read(rows))
         # Advance only after the rows were read, so a raised error leaves the position as is.
         self.sampler.advance()
         return batch
 
     def _to_batch(
-        self, rows: Sequence[int], positions: Sequence[int], records: Sequence[_RawRow]
+        self, rows: Sequence[int], sample_ids: Sequence[int], records: Sequence[_RawRow]
     ) -> TensorDict:
-        kept_rows, kept_positions, prompts, answers = [], [], [], []
-        for row, position, (record, error) in zip(rows, positions, records):
-            error = error or _row_problem(record, self._fields)
-            if error is not None:
-                self._bad_row(row, error)
-                continue
-            kept_rows.append(row)
-            kept_positions.append(position)
+        prompts, answers = [], []
+        for row, (record, error) in zip(rows, records):
+            problem = error or _row_problem(record, self._fields)
+            if problem is not None:  # the row passed the checks: the file changed since
+                raise ValueError(
+                    f"{self.path}: {self._source.where(row)} {problem} but passed the checks "
+                    "when the loader started; the file changed during the run. Restore it, or "
+                    "start a fresh run"
+                )
             prompts.append(record["prompt"])
             if self._has_answer:
                 answer = record["answer"]
                 answers.append(answer if isinstance(answer, str) else str(answer))
         fields: dict[str, Any] = {
             K.PROMPT_TEXT: prompts,
-            K.SAMPLE_ID: torch.tensor(kept_positions, dtype=torch.int64),
-            K.ROW_INDEX: torch.tensor(kept_rows, dtype=torch.int64),
+            K.SAMPLE_ID: torch.tensor(list(sample_ids), dtype=torch.int64),
+            K.ROW_INDEX: torch.tensor(list(rows), dtype=torch.int64),
         }
         if self._has_answer:
             fields[K.ANSWER_TEXT] = answers
-        return make_batch(fields, batch_size=len(kept_rows))
+        return make_batch(fields, batch_size=len(rows))
 
     def __iter__(self) -> Iterator[TensorDict]:
         return self
@@ -344,13 +511,18 @@ class ShardedPromptLoader:
         return self.next_batch()
 
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies the data file: its name, size in bytes and row count."""
-        return {"name": self.path.name, "size": self._source.size, "rows": self.num_rows}
+        """What identifies the data: file name, size in bytes, rows and usable rows."""
+        return {
+            "name": self.path.name,
+            "size": self._source.size,
+            "rows": self.num_rows,
+            "usable": self.num_usable,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The position and the settings it depends on; plain Python values only."""
         state = self.sampler.state_dict()
-        state.update(dropped_rows=self.dropped_rows, file=self.fingerprint())
+        state.update(dropped=dict(self.dropped), file=self.fingerprint())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -363,7 +535,6 @@ class ShardedPromptLoader:
         if state["seed"] != self.seed:
             logger.warning("resuming loader with saved seed %s, not %s", state["seed"], self.seed)
         self.sampler.load_state_dict(state)
-        self.dropped_rows = int(state["dropped_rows"])
 
     def _check_same_file(self, saved: dict[str, Any]) -> None:
         current = self.fingerprint()
@@ -372,4 +543,11 @@ class ShardedPromptLoader:
                 f"loader state was saved for {saved['name']} with {saved['size']} bytes and "
                 f"{saved['rows']} rows, but {self.path} has {current['size']} bytes and "
                 f"{current['rows']} rows; resume with the same data file or start a fresh run"
+            )
+        if saved.get("usable", current["usable"]) != current["usable"]:
+            raise ValueError(
+                f"loader state was saved when {saved['usable']} rows of {self.path.name} were "
+                f"usable, now {current['usable']} are; the row checks changed (e.g. "
+                "max_prompt_length or the tokenizer). Resume with the same settings or start "
+                "a fresh run"
             )

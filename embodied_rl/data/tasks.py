@@ -7,6 +7,7 @@ training start state.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,24 +21,54 @@ from embodied_rl.data.sampler import EpochSampler
 SPLITS = ("train", "heldout", "all")
 
 
+def split_size(num_init_states: int, heldout_every: int, split: str) -> int:
+    """How many init states ``split`` holds, without listing them; errors say what to change.
+
+    Raises:
+        ValueError: an unknown split, or a split that would be empty.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    held = num_init_states // heldout_every if heldout_every > 0 else 0
+    size = {"all": num_init_states, "heldout": held, "train": num_init_states - held}[split]
+    if size < 1:
+        raise ValueError(
+            f"split {split!r} of {num_init_states} init states with heldout_every={heldout_every} "
+            "is empty; change heldout_every"
+        )
+    return size
+
+
 def split_init_states(num_init_states: int, heldout_every: int, split: str) -> list[int]:
     """Init-state ids of a split: every ``heldout_every``-th id (4, 9, 14, ... for 5) is held out.
 
     ``heldout_every <= 0`` holds nothing out (train = all; heldout is then an error).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    split_size(num_init_states, heldout_every, split)
     ids = list(range(num_init_states))
     if split == "all":
         return ids
     held = {i for i in ids if heldout_every > 0 and i % heldout_every == heldout_every - 1}
-    chosen = [i for i in ids if (i in held) == (split == "heldout")]
-    if not chosen:
+    return [i for i in ids if (i in held) == (split == "heldout")]
+
+
+def check_task_ids(tasks: Sequence[int], num_tasks: int) -> None:
+    """Task ids must exist in the suite (``0..num_tasks-1``) and be listed once each.
+
+    Raises:
+        ValueError: naming the bad ids and what to change.
+    """
+    if not tasks:
+        raise ValueError("tasks is an empty list; list task ids, or set tasks: null for all")
+    unknown = sorted({t for t in tasks if not 0 <= t < num_tasks})
+    if unknown:
         raise ValueError(
-            f"split {split!r} of {num_init_states} init states with heldout_every={heldout_every} "
-            "is empty; change heldout_every"
+            f"task ids {unknown} do not exist: a suite of num_tasks={num_tasks} has ids "
+            f"0..{num_tasks - 1}; remove them from tasks"
         )
-    return chosen
+    repeated = sorted(t for t, count in Counter(tasks).items() if count > 1)
+    if repeated:
+        raise ValueError(f"task ids {repeated} are listed more than once; list each task once")
 
 
 def manifest(tasks: Sequence[int], init_states: Sequence[int]) -> list[tuple[int, int]]:
@@ -46,7 +77,15 @@ def manifest(tasks: Sequence[int], init_states: Sequence[int]) -> list[tuple[int
 
 
 class TaskManifestLoader:
-    """Yields this rank's (task, init state) rows per step; resumable like the prompt loader."""
+    """Yields this rank's (task, init state) rows per step; resumable like the prompt loader.
+
+    A manifest comes from the config, not a file: a bad task id is a config error (see
+    :func:`check_task_ids`), so ``dropped`` is always empty (the prompt loader's counterpart).
+    """
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return {}
 
     def __init__(
         self,
