@@ -8,17 +8,146 @@ without building any model, that every node gets the fields it needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import difflib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Union
 
 from embodied_rl.registry import NODE_TYPES
 
 KeysSpec = tuple[str, ...] | Callable[[Any], tuple[str, ...]]
+DEFAULT_FIX = "correct the node's config block"
 
 
 class NodeConfigError(ValueError):
-    """A node's ``config:`` block does not fit its node type."""
+    """A node's ``config:`` block does not fit its node type; ``fix`` says what to change."""
+
+    def __init__(self, problem: str, fix: str = DEFAULT_FIX) -> None:
+        super().__init__(f"{problem}. Fix: {fix}")
+        self.problem, self.fix = problem, fix
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a YAML value (None, bool, int, float, str, list, dict) fits a type hint."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:  # YAML writes 1.0 as 1; a NaN is never a meaningful setting
+        return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+    if origin is Literal:
+        return value in args
+    if origin in (list, tuple, Sequence) or hint in (list, tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(map(_fits, value, args))
+        return not args or all(_fits(item, args[0]) for item in value)
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        return isinstance(value, Mapping) and (
+            len(args) < 2 or all(_fits(v, args[1]) for v in value.values())
+        )
+    return not isinstance(hint, type) or isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """A type hint in the words of a config file: ``an int``, ``a list of int``, ``null``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (list, tuple, Sequence):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} values ({', '.join(_describe(a) for a in args)})"
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}"
+    if origin in (dict, Mapping):
+        return "a mapping"
+    names = {
+        type(None): "null",
+        bool: "true or false",
+        int: "an int",
+        float: "a number",
+        str: "a string",
+        Any: "any value",
+    }
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return f"{shown} ({type(value).__name__})"
+
+
+def dataclass_problems(cls: type, raw: Any, where: str) -> list[tuple[str, str]]:
+    """Why ``raw`` cannot build the config dataclass ``cls``, as ``(problem, fix)`` pairs.
+
+    Checks what the dataclass itself cannot: that ``raw`` is a mapping, that every key is a
+    field (with a did-you-mean for a close name), that fields without a default are given,
+    and that each value fits its field's type hint (no ``"abc"`` where an int goes). Range
+    checks stay in the dataclass's ``__post_init__``.
+
+    Args:
+        cls: a dataclass whose hints use None, bool, int, float, str, Any, list/tuple, dict,
+            Literal and unions of them.
+        raw: the YAML value given for it.
+        where: the key path of the block, used in messages (``trainer``, ``config``).
+
+    Returns:
+        One ``(problem, fix)`` per problem; empty when ``cls(**raw)`` may be called.
+    """
+    if not isinstance(raw, Mapping):
+        return [
+            (f"{where} must be a mapping, got {_show(raw)}", f"write {where} as key: value lines")
+        ]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    problems = []
+    for key in sorted(set(raw) - set(fields), key=str):
+        close = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean {where}.{close[0]}?)" if close else ""
+        problems.append(
+            (f"unknown key {where}.{key}{hint}", f"use only the valid keys {sorted(fields)}")
+        )
+    for name, spec in fields.items():
+        if name not in raw:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                problems.append((f"{where} lacks the required key {name!r}", f"set {where}.{name}"))
+        elif not _fits(raw[name], hints[name]):
+            wanted = _describe(hints[name])
+            problems.append(
+                (
+                    f"{where}.{name} must be {wanted}, got {_show(raw[name])}",
+                    f"set {where}.{name} to {wanted}",
+                )
+            )
+    return problems
+
+
+def build_dataclass(cls: type, raw: Any, where: str) -> Any:
+    """``cls(**raw)`` after :func:`dataclass_problems`; every error is a NodeConfigError.
+
+    A ``ValueError`` from ``__post_init__`` (a range check) becomes the problem's text.
+    """
+    problems = dataclass_problems(cls, raw, where)
+    if problems:
+        raise NodeConfigError(
+            "; ".join(p for p, _ in problems), "; ".join(dict.fromkeys(f for _, f in problems))
+        )
+    try:
+        return cls(**raw)
+    except (TypeError, ValueError) as err:  # __post_init__ checks of ranges and combinations
+        raise NodeConfigError(f"{where}: {err}", f"change the value in {where}") from err
 
 
 @dataclass(frozen=True)
@@ -50,26 +179,20 @@ class NodeType:
     resamples: bool = False
 
     def build_config(self, raw: Mapping[str, Any] | None) -> Any:
-        """Turn the YAML ``config:`` mapping into the node's config dataclass."""
-        raw = dict(raw or {})
+        """Turn the YAML ``config:`` mapping into the node's config dataclass.
+
+        Raises:
+            NodeConfigError: naming the key and what to change (unknown key, wrong type, or
+                the message of a range check in the dataclass's ``__post_init__``).
+        """
         if self.config_cls is None:
             if raw:
                 raise NodeConfigError(
-                    f"node type {self.name!r} takes no config, got keys {sorted(raw)}; "
-                    "remove the config block"
+                    f"node type {self.name!r} takes no config, got {raw!r}",
+                    "remove the config block",
                 )
             return None
-        fields = {f.name for f in dataclasses.fields(self.config_cls)}
-        unknown = sorted(set(raw) - fields)
-        if unknown:
-            raise NodeConfigError(
-                f"unknown config key(s) {unknown} for node type {self.name!r}; "
-                f"valid keys: {sorted(fields)}"
-            )
-        try:
-            return self.config_cls(**raw)
-        except (TypeError, ValueError) as err:
-            raise NodeConfigError(f"bad config for node type {self.name!r}: {err}") from err
+        return build_dataclass(self.config_cls, {} if raw is None else raw, "config")
 
     def read_keys(self, node_config: Any) -> tuple[str, ...]:
         return tuple(self.reads(node_config) if callable(self.reads) else self.reads)

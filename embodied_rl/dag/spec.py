@@ -87,6 +87,49 @@ def _suggest(name: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _placement_ranks(
+    node_id: str, raw: Mapping[str, Any], everyone: tuple[int, ...], issues: list[DagIssue]
+) -> tuple[int, ...] | None:
+    """The ranks named by ``workers: [..]`` or ``num_workers: k`` (``None``: a bad value)."""
+    workers, count = raw.get("workers"), raw.get("num_workers")
+    if workers is not None:
+        if isinstance(workers, list | tuple) and workers and all(map(_is_int, workers)):
+            return tuple(workers)
+        issues.append(
+            DagIssue(
+                node_id,
+                f"parallel.workers must be a non-empty list of worker ranks, got {workers!r}",
+                "write e.g. parallel: {workers: [0, 1]}",
+            )
+        )
+        return None
+    if count is None:
+        return everyone
+    if not _is_int(count) or count < 1:
+        issues.append(
+            DagIssue(
+                node_id,
+                f"parallel.num_workers must be an int >= 1, got {count!r}",
+                "write e.g. parallel: {num_workers: 2}",
+            )
+        )
+    elif count > len(everyone):
+        issues.append(
+            DagIssue(
+                node_id,
+                f"placed on {count} workers but the run has only {len(everyone)} worker(s)",
+                f"raise workers.num_workers to at least {count} or place the node on fewer workers",
+            )
+        )
+    else:
+        return everyone[:count]
+    return None
+
+
 def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssue]) -> Layout:
     """Resolve ``parallel: {workers: [..] | num_workers: k, tp: t}`` into a Layout."""
     everyone = Layout(tuple(range(num_workers)))
@@ -97,22 +140,31 @@ def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssu
             DagIssue(node_id, "'parallel' must be a mapping", "write e.g. parallel: {tp: 1}")
         )
         return everyone
-    unknown = sorted(set(raw) - set(PARALLEL_FIELDS))
+    unknown = sorted(map(str, set(raw) - set(PARALLEL_FIELDS)))
     if unknown:
         issues.append(
             DagIssue(
-                node_id, f"unknown parallel key(s) {unknown}", f"use only {list(PARALLEL_FIELDS)}"
+                node_id,
+                f"unknown parallel key(s) {unknown}"
+                + "".join(_suggest(k, PARALLEL_FIELDS) for k in unknown),
+                f"use only {list(PARALLEL_FIELDS)}",
             )
         )
     if "workers" in raw and "num_workers" in raw:
         issues.append(
             DagIssue(node_id, "both 'workers' and 'num_workers' given", "keep one of them")
         )
-    ranks: tuple[int, ...] = everyone.ranks
-    if raw.get("workers") is not None:
-        ranks = tuple(int(r) for r in raw["workers"])
-    elif raw.get("num_workers") is not None:
-        ranks = tuple(range(int(raw["num_workers"])))
+    tp = raw.get("tp", 1)
+    if tp is None:
+        tp = 1
+    if not _is_int(tp) or tp < 1:
+        issues.append(
+            DagIssue(node_id, f"parallel.tp must be an int >= 1, got {tp!r}", "set e.g. tp: 1")
+        )
+        return everyone
+    ranks = _placement_ranks(node_id, raw, everyone.ranks, issues)
+    if ranks is None:
+        return everyone
     bad = [r for r in ranks if not 0 <= r < num_workers]
     if bad or len(ranks) > num_workers:
         issues.append(
@@ -121,11 +173,12 @@ def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssu
                 f"placed on workers {list(ranks)} but the run has only {num_workers} worker(s) "
                 f"(ranks 0..{num_workers - 1})",
                 f"raise workers.num_workers to at least {max(max(ranks) + 1, len(ranks))} "
-                "or place the node on fewer workers",
+                "or place the node on fewer workers"
+                if min(ranks) >= 0
+                else "use worker ranks >= 0",
             )
         )
         return everyone
-    tp = int(raw.get("tp", 1) or 1)
     try:
         return Layout(ranks, tp)
     except ValueError as err:
@@ -133,24 +186,71 @@ def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssu
         return everyone
 
 
-def _parse_nodes(raw_nodes: Any, num_workers: int, issues: list[DagIssue]) -> list[NodeSpec]:
-    """Check each node entry on its own: fields, id, type, config and placement."""
-    if not isinstance(raw_nodes, Sequence) or isinstance(raw_nodes, str) or not raw_nodes:
-        issues.append(DagIssue(None, "dag.nodes must be a non-empty list", "list the DAG's nodes"))
-        return []
+def _parse_deps(node_id: str, raw: Any, issues: list[DagIssue]) -> tuple[str, ...]:
+    """``deps`` as node ids: a list of ids, one id, or nothing."""
+    if raw is None:
+        return ()
+    listed = [raw] if isinstance(raw, str | int) and not isinstance(raw, bool) else raw
+    if isinstance(listed, list | tuple) and all(isinstance(d, str) or _is_int(d) for d in listed):
+        return tuple(str(d) for d in listed)
+    issues.append(
+        DagIssue(
+            node_id,
+            f"'deps' must be a list of node ids, got {raw!r}",
+            "write e.g. deps: [prompts]",
+        )
+    )
+    return ()
+
+
+def _node_id(index: int, raw: Any, issues: list[DagIssue]) -> str | None:
+    """The id of node entry ``index`` (a non-empty string or an int), or ``None``."""
+    node_id = raw.get("id") if isinstance(raw, Mapping) else None
+    if isinstance(node_id, str) and node_id.strip() or _is_int(node_id):
+        return str(node_id)
+    got = "it is not a mapping" if not isinstance(raw, Mapping) else f"got id {node_id!r}"
+    issues.append(
+        DagIssue(
+            None,
+            f"node #{index} has no usable 'id' ({got})",
+            "give every node a unique id: a non-empty name such as 'rollout'",
+        )
+    )
+    return None
+
+
+def _parse_nodes(
+    raw_nodes: Any, num_workers: int, issues: list[DagIssue]
+) -> tuple[list[NodeSpec], set[str]]:
+    """Check each node entry on its own: fields, id, type, config and placement.
+
+    Returns:
+        The valid nodes, and the ids of all entries (valid or not).
+    """
+    if not isinstance(raw_nodes, list | tuple) or not raw_nodes:
+        issues.append(
+            DagIssue(
+                None,
+                f"dag.nodes must be a non-empty list, got {str(raw_nodes)[:60]!r}",
+                "list the DAG's nodes",
+            )
+        )
+        return [], set()
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_nodes):
-        if not isinstance(raw, Mapping) or not raw.get("id"):
-            issues.append(
-                DagIssue(None, f"node #{index} has no 'id'", "give every node a unique id")
-            )
+        node_id = _node_id(index, raw, issues)
+        if node_id is None:
             continue
-        node_id = str(raw["id"])
-        unknown = sorted(set(raw) - set(NODE_FIELDS))
+        unknown = sorted(map(str, set(raw) - set(NODE_FIELDS)))
         if unknown:
             issues.append(
-                DagIssue(node_id, f"unknown field(s) {unknown}", f"use only {list(NODE_FIELDS)}")
+                DagIssue(
+                    node_id,
+                    f"unknown field(s) {unknown}"
+                    + "".join(_suggest(k, NODE_FIELDS) for k in unknown),
+                    f"use only {list(NODE_FIELDS)}",
+                )
             )
         if node_id in seen:
             issues.append(
@@ -158,12 +258,16 @@ def _parse_nodes(raw_nodes: Any, num_workers: int, issues: list[DagIssue]) -> li
             )
             continue
         seen.add(node_id)
-        type_name = str(raw.get("type", ""))
-        if type_name not in NODE_TYPES:
+        type_name = raw.get("type")
+        if type_name is None:
+            issues.append(DagIssue(node_id, "has no 'type'", "set type: to a registered type"))
+            continue
+        if not isinstance(type_name, str) or type_name not in NODE_TYPES:
+            shown = type_name if isinstance(type_name, str) else str(type_name)
             issues.append(
                 DagIssue(
                     node_id,
-                    f"unknown node type {type_name!r}{_suggest(type_name, NODE_TYPES.names())}",
+                    f"unknown node type {type_name!r}{_suggest(shown, NODE_TYPES.names())}",
                     f"use a registered type: {', '.join(NODE_TYPES.names())}",
                 )
             )
@@ -172,30 +276,34 @@ def _parse_nodes(raw_nodes: Any, num_workers: int, issues: list[DagIssue]) -> li
         try:
             config = node_type.build_config(raw.get("config"))
         except NodeConfigError as err:
-            issues.append(DagIssue(node_id, str(err), "correct the node's config block"))
+            issues.append(DagIssue(node_id, err.problem, err.fix))
             continue
-        deps = raw.get("deps") or ()
-        deps = (deps,) if isinstance(deps, str) else tuple(str(d) for d in deps)
+        deps = _parse_deps(node_id, raw.get("deps"), issues)
         layout = _parse_layout(node_id, raw.get("parallel"), num_workers, issues)
         nodes.append(NodeSpec(node_id, node_type, deps, config, layout))
-    return nodes
+    return nodes, seen
 
 
-def _check_deps(nodes: list[NodeSpec], issues: list[DagIssue]) -> list[NodeSpec]:
-    """Drop (and report) deps that name no node, and self-dependencies."""
+def _check_deps(nodes: list[NodeSpec], named: set[str], issues: list[DagIssue]) -> list[NodeSpec]:
+    """Drop deps that name no valid node; report self-deps and deps on ids nobody has.
+
+    A dep on an entry that is itself invalid (``named`` but not in ``nodes``) is dropped
+    without a report: that entry's own issue says what to fix.
+    """
     ids = [n.id for n in nodes]
+    every_id = sorted(named)
     for node in nodes:
         for dep in node.deps:
             if dep == node.id:
                 issues.append(
                     DagIssue(node.id, "depends on itself", f"remove {dep!r} from its deps")
                 )
-            elif dep not in ids:
+            elif dep not in named:
                 issues.append(
                     DagIssue(
                         node.id,
-                        f"unknown dependency {dep!r}{_suggest(dep, ids)}",
-                        f"use one of the node ids: {', '.join(ids)}",
+                        f"unknown dependency {dep!r}{_suggest(dep, every_id)}",
+                        f"use one of the node ids: {', '.join(every_id)}",
                     )
                 )
         node.deps = tuple(d for d in node.deps if d in ids and d != node.id)
@@ -261,7 +369,7 @@ def _check_reachable(order: list[NodeSpec], issues: list[DagIssue]) -> None:
     for node in order:
         if node.id not in reached:
             feed = (
-                f"add a dep on {sources[0]!r}"
+                f"add {sources[0]!r} (or a node it feeds) to its deps"
                 if sources
                 else "add a source node (e.g. data.prompts)"
             )
@@ -283,7 +391,12 @@ def _check_batches_and_keys(order: list[NodeSpec], issues: list[DagIssue]) -> No
                 DagIssue(
                     node.id,
                     f"reads {missing} but no upstream node writes {'it' if len(missing) == 1 else 'them'}",
-                    "add a dep on a node that writes these keys, or change the node type",
+                    "add a dep on a node that writes these keys, or change the node type"
+                    + (
+                        " or its config (what it reads depends on it)"
+                        if callable(node.type.reads)
+                        else ""
+                    ),
                 )
             )
         available[node.id] = upstream | set(node.writes)
@@ -327,11 +440,15 @@ def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
         DagValidationError: listing every problem, each naming the node and the fix.
     """
     issues: list[DagIssue] = []
-    if num_workers < 1:
-        raise DagValidationError([DagIssue(None, "no workers", "set workers.num_workers >= 1")])
-    nodes = _check_deps(_parse_nodes(raw_nodes, num_workers, issues), issues)
+    if not _is_int(num_workers) or num_workers < 1:
+        raise DagValidationError(
+            [DagIssue(None, f"{num_workers!r} workers", "set workers.num_workers >= 1")]
+        )
+    parsed, named = _parse_nodes(raw_nodes, num_workers, issues)
+    nodes = _check_deps(parsed, named, issues)
     order = _topological_order(nodes, issues) if nodes else None
-    if order is not None:
+    # With an invalid entry left out, feeds and batch keys would report its absence again.
+    if order is not None and len(nodes) == len(named):
         _check_reachable(order, issues)
         _check_batches_and_keys(order, issues)
     if issues:

@@ -237,7 +237,7 @@ def _row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-class RowCheck:
+class _RowCheck:
     """The row-check pass over rows ``first..stop-1`` of a source (see the module docstring).
 
     Attributes:
@@ -442,7 +442,7 @@ class ShardedPromptLoader:
         """Status byte of every row and the first problem per reason (all ranks agree)."""
         n, share = self.num_rows, exchange is not None and dp_size > 1
         first, stop = (n * dp_rank // dp_size, n * (dp_rank + 1) // dp_size) if share else (0, n)
-        check = RowCheck(self._source, self._fields, first, stop, max_prompt_tokens, count_tokens)
+        check = _RowCheck(self._source, self._fields, first, stop, max_prompt_tokens, count_tokens)
         mine = (dp_rank, bytes(check.status), check.first_seen)
         return _merge_checks(exchange(mine) if share else [mine])
 

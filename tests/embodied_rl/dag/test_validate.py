@@ -7,6 +7,7 @@ import copy
 import pytest
 
 import embodied_rl.nodes  # noqa: F401  (registers the core node types)
+import embodied_rl.tasks  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.dag.spec import DagValidationError, validate_dag
@@ -92,7 +93,9 @@ def test_unreachable_node_without_source():
     nodes = copy.deepcopy(GOOD) + [{"id": "lonely", "type": "test.count_prompts"}]
     errors = issues_of(nodes)
     assert any(
-        e.startswith("node 'lonely': unreachable") and "add a dep on 'prompts'" in e for e in errors
+        e.startswith("node 'lonely': unreachable")
+        and "add 'prompts' (or a node it feeds) to its deps" in e
+        for e in errors
     )
 
 
@@ -149,7 +152,8 @@ def test_num_workers_larger_than_run():
     nodes = copy.deepcopy(GOOD)
     nodes[0]["parallel"] = {"num_workers": 3}
     (error,) = issues_of(nodes, num_workers=2)
-    assert "node 'prompts': placed on workers [0, 1, 2]" in error
+    assert "node 'prompts': placed on 3 workers but the run has only 2 worker(s)" in error
+    assert "Fix: raise workers.num_workers to at least 3" in error
 
 
 def test_unknown_node_config_key_lists_valid_keys():
@@ -157,7 +161,10 @@ def test_unknown_node_config_key_lists_valid_keys():
     nodes[1]["type"] = "advantage.grpo"
     nodes[1]["config"] = {"norm_by_sdt": False}
     (error,) = issues_of(nodes)
-    assert "unknown config key(s) ['norm_by_sdt']" in error and "norm_by_std" in error
+    assert error == (
+        "node 'advantage': unknown key config.norm_by_sdt (did you mean config.norm_by_std?). "
+        "Fix: use only the valid keys ['eps', 'norm_by_std']"
+    )
 
 
 def test_unknown_node_field():
@@ -202,3 +209,94 @@ def test_resampling_node_must_run_on_its_upstream_workers():
         and "place the node on every worker its upstream nodes use" in e
         for e in errors
     )
+
+
+def test_wrong_value_types_name_the_key_and_the_type_wanted():
+    nodes = copy.deepcopy(GOOD)
+    nodes[0]["config"] = {"batch_size": "eight", "shuffle": "yes"}
+    (error,) = issues_of(nodes)
+    assert error == (
+        "node 'prompts': config.batch_size must be an int, got 'eight' (str); "
+        "config.shuffle must be true or false, got 'yes' (str). "
+        "Fix: set config.batch_size to an int; set config.shuffle to true or false"
+    )
+
+
+def test_range_checks_of_the_config_class_become_issues():
+    nodes = copy.deepcopy(GOOD)
+    nodes[0]["config"] = {"batch_size": -2}
+    (error,) = issues_of(nodes)
+    assert error.startswith("node 'prompts': config: batch_size must be >= 1, got -2. Fix:")
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"type": "advantage.grpo", "config": [1]}, "config must be a mapping, got [1] (list)"),
+        ({"config": {"x": 1}}, "node type 'test.count_prompts' takes no config"),
+        ({"deps": 5.5}, "'deps' must be a list of node ids, got 5.5"),
+        ({"deps": [["prompts"]]}, "'deps' must be a list of node ids"),
+        ({"parallel": {"tp": "2"}}, "parallel.tp must be an int >= 1, got '2'"),
+        ({"parallel": {"workers": "01"}}, "parallel.workers must be a non-empty list"),
+        ({"parallel": {"num_workers": 0}}, "parallel.num_workers must be an int >= 1, got 0"),
+        ({"parallel": {"tpp": 1}}, "unknown parallel key(s) ['tpp'] (did you mean 'tp'?)"),
+        ({"type": None}, "has no 'type'"),
+        ({"type": ["data.prompts"]}, "unknown node type ['data.prompts']"),
+    ],
+)
+def test_malformed_node_entries_are_issues_not_crashes(entry, expected):
+    nodes = copy.deepcopy(GOOD)
+    nodes[1].update(entry)
+    if entry.get("type", 0) is None:
+        del nodes[1]["type"]
+    errors = issues_of(nodes)
+    assert any(e.startswith("node 'advantage': ") and expected in e for e in errors), errors
+    assert all(". Fix: " in e for e in errors)
+
+
+def test_entries_without_a_usable_id_are_counted_by_position():
+    errors = issues_of([GOOD[0], "rollout", {"id": ["x"], "type": "data.prompts"}])
+    assert errors == [
+        "dag: node #1 has no usable 'id' (it is not a mapping). Fix: give every node a "
+        "unique id: a non-empty name such as 'rollout'",
+        "dag: node #2 has no usable 'id' (got id ['x']). Fix: give every node a unique id: "
+        "a non-empty name such as 'rollout'",
+    ]
+
+
+def test_an_invalid_node_is_reported_once_not_again_by_its_dependents():
+    nodes = copy.deepcopy(GOOD) + [
+        {"id": "after", "type": "test.count_prompts", "deps": ["advantage"]}
+    ]
+    nodes[1]["type"] = "advantage.grp"
+    (error,) = issues_of(nodes)  # no "unknown dependency" or "unreachable" for 'after'
+    assert error.startswith("node 'advantage': unknown node type 'advantage.grp'")
+
+
+def test_without_answers_a_reward_that_needs_them_fails_validation():
+    nodes = [
+        {"id": "prompts", "type": "data.prompts", "config": {"with_answers": False}},
+        {"id": "reward", "type": "reward.arithmetic", "deps": ["prompts"]},
+    ]
+    (error,) = issues_of(nodes)  # this graph lacks a rollout: responses are missing anyway
+    assert error.startswith("node 'reward': reads ['response_text', 'answer_text'] but no")
+    nodes[0]["config"]["with_answers"] = True
+    (error,) = issues_of(nodes)
+    assert error.startswith("node 'reward': reads ['response_text'] but no")
+
+
+def test_task_manifest_config_errors_name_the_key():
+    base = {"id": "tasks", "type": "data.tasks"}
+    (missing,) = issues_of([{**base, "config": {"num_init_states": 10}}])
+    assert missing == (
+        "node 'tasks': config lacks the required key 'num_tasks'. Fix: set config.num_tasks"
+    )
+    config = {"num_tasks": 3, "num_init_states": 10, "batch_size": 2}
+    (unknown,) = issues_of([{**base, "config": {**config, "tasks": [0, 3, 7]}}])
+    assert "task ids [3, 7] do not exist: a suite of num_tasks=3 has ids 0..2" in unknown
+    (twice,) = issues_of([{**base, "config": {**config, "tasks": [1, 1]}}])
+    assert "task ids [1] are listed more than once" in twice
+    (empty,) = issues_of([{**base, "config": {**config, "tasks": []}}])
+    assert "tasks is an empty list; list task ids, or set tasks: null for all" in empty
+    (split,) = issues_of([{**base, "config": {**config, "split": "heldout", "heldout_every": 0}}])
+    assert "split 'heldout' of 10 init states with heldout_every=0 is empty" in split

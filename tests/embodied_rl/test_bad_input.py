@@ -1,0 +1,548 @@
+"""Bad input never ends in a traceback: property-based tests of the validators and the loader.
+
+Hypothesis generates broken DAG specs, mutated copies of the shipped run configs, hydra
+overrides and prompt files. Every outcome must be a valid result or a user-facing error
+(``ConfigError``, ``DagValidationError``; a ``ValueError`` naming file and line for data)
+whose message names what is wrong and ends in ``Fix: <what to change>``. Validation only:
+nothing here builds a model or starts Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import io
+import json
+import tempfile
+import types
+import typing
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from embodied_rl import keys as K
+from embodied_rl.cli import main
+from embodied_rl.dag.spec import (
+    NODE_FIELDS,
+    PARALLEL_FIELDS,
+    DagSpec,
+    DagValidationError,
+    validate_dag,
+)
+from embodied_rl.data.batch import strings
+from embodied_rl.data.dataloader import ShardedPromptLoader
+from embodied_rl.registry import NODE_TYPES
+from embodied_rl.runtime.config import (
+    CONFIG_DIR,
+    SECTIONS,
+    TOP_LEVEL,
+    ConfigError,
+    compose,
+    load_all_plugins,
+    validate_config,
+)
+from embodied_rl.runtime.models import ModelSpec, OptimizerConfig
+
+load_all_plugins({})  # the node types of every plugin, as `embodied-rl validate` sees them
+
+USER_ERRORS = (ConfigError, DagValidationError)
+CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+TYPE_NAMES = NODE_TYPES.names()
+CONFIG_CLASSES = [NODE_TYPES.get(n).config_cls for n in TYPE_NAMES]
+OPTION_NAMES = {f.name for c in CONFIG_CLASSES if c is not None for f in dataclasses.fields(c)}
+# Every name that is a valid key somewhere: a generated key outside this set is unknown
+# wherever it is put.
+KNOWN_NAMES = (
+    TOP_LEVEL
+    | OPTION_NAMES
+    | {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    | {f.name for cls in (ModelSpec, OptimizerConfig) for f in dataclasses.fields(cls)}
+    | set(NODE_FIELDS)
+    | set(PARALLEL_FIELDS)
+    | {"nodes"}
+)
+# Option mappings typed dict[str, Any]: their keys are checked by the policy or simulator
+# when it is built, not by the validator.
+OPEN_MAPPINGS = ("options", "simulator_options")
+
+KEYS = st.from_regex(r"[a-z_][a-z0-9_]{0,9}", fullmatch=True)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 9)
+    | st.integers(-(2**63), 2**63)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.sampled_from(["", "auto", "cpu", "1e3", "-1", "data.prompts", "prompts"])
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
+    max_leaves=6,
+)
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@functools.cache
+def shipped(name: str) -> dict[str, Any]:
+    """A shipped config as composed, interpolations not resolved (plain data)."""
+    return OmegaConf.to_container(compose(name), resolve=False)
+
+
+@functools.cache
+def shipped_nodes(name: str) -> list[dict[str, Any]]:
+    """The resolved ``dag.nodes`` of a shipped config."""
+    return OmegaConf.to_container(compose(name), resolve=True)["dag"]["nodes"]
+
+
+def assert_user_error(err: Exception) -> None:
+    """A user-facing error: one of ours, with a fix for every problem it lists."""
+    assert isinstance(err, USER_ERRORS), f"{type(err).__name__}: {err}"
+    if isinstance(err, DagValidationError):
+        assert err.issues
+        for issue in err.issues:
+            assert issue.problem and issue.fix, issue
+            assert f". Fix: {issue.fix}" in str(issue)
+    else:
+        assert err.fix, str(err)
+        assert str(err).endswith(f". Fix: {err.fix}")
+
+
+def validate_or_error(config: Any) -> DagSpec | Exception:
+    try:
+        return validate_config(OmegaConf.create(config))
+    except USER_ERRORS as err:
+        assert_user_error(err)
+        return err
+
+
+# ------------------------------------------------------------------------- DAG specs
+NODE_IDS = st.sampled_from(["prompts", "rollout", "reward", "train", "a", "b"])
+
+
+def _usable_id(entry: Any) -> str | None:
+    node_id = entry.get("id") if isinstance(entry, dict) else None
+    ok = isinstance(node_id, str) and node_id.strip() or type(node_id) is int
+    return str(node_id) if ok else None
+
+
+@st.composite
+def node_configs(draw: st.DrawFn, type_name: Any) -> Any:
+    """A config block: some of the type's own keys with valid or wild values, maybe more."""
+    cls = NODE_TYPES.get(type_name).config_cls if type_name in TYPE_NAMES else None
+    if cls is None or draw(st.integers(0, 5)) == 0:
+        return draw(st.none() | VALUES)
+    config = {}
+    for spec in draw(st.lists(st.sampled_from(dataclasses.fields(cls)), unique=True, max_size=4)):
+        default = None if spec.default is dataclasses.MISSING else spec.default
+        config[spec.name] = draw(st.just(default) | st.integers(1, 4) | VALUES)
+    if draw(st.booleans()):
+        config[draw(KEYS)] = draw(SCALARS)
+    return config
+
+
+@st.composite
+def node_entries(draw: st.DrawFn) -> Any:
+    """One entry of ``dag.nodes``: mostly node-like, with every field possibly wrong."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(VALUES)
+    entry: dict[Any, Any] = {}
+    if draw(st.integers(0, 9)):
+        entry["id"] = draw(NODE_IDS | SCALARS)
+    type_name = draw(
+        st.sampled_from(TYPE_NAMES) | st.sampled_from(["nope", "rollout.lm"]) | SCALARS
+    )
+    if draw(st.integers(0, 9)):
+        entry["type"] = type_name
+    if draw(st.booleans()):
+        entry["deps"] = draw(st.lists(NODE_IDS, max_size=3) | NODE_IDS | VALUES)
+    if draw(st.booleans()):
+        entry["config"] = draw(node_configs(type_name))
+    if draw(st.integers(0, 3)) == 0:
+        placement = {
+            "workers": st.lists(st.integers(-1, 5), max_size=4) | VALUES,
+            "num_workers": st.integers(-1, 6) | VALUES,
+            "tp": st.integers(-1, 3) | VALUES,
+        }
+        entry["parallel"] = draw(st.fixed_dictionaries({}, optional=placement) | VALUES)
+    if draw(st.integers(0, 5)) == 0:
+        entry[draw(KEYS)] = draw(SCALARS)
+    return entry
+
+
+def check_dag_outcome(nodes: Any, num_workers: int) -> DagSpec | DagValidationError:
+    """Validate; an accepted DAG must be consistent, a refused one must explain itself."""
+    try:
+        dag = validate_dag(nodes, num_workers)
+    except DagValidationError as err:
+        assert_user_error(err)
+        ids = {_usable_id(e) for e in nodes} if isinstance(nodes, list) else set()
+        assert all(issue.node is None or issue.node in ids for issue in err.issues)
+        return err
+    position = {node.id: i for i, node in enumerate(dag.nodes)}
+    for node in dag.nodes:
+        assert all(position[d] < position[node.id] for d in node.deps)
+        assert set(node.layout.ranks) <= set(range(num_workers))
+        assert node.global_batch is None or node.global_batch % node.layout.dp_size == 0
+    return dag
+
+
+@FAST
+@given(nodes=st.lists(node_entries(), max_size=6) | VALUES, num_workers=st.integers(1, 5))
+def test_random_dag_specs_validate_or_explain_every_problem(nodes, num_workers):
+    outcome = check_dag_outcome(nodes, num_workers)
+    if not isinstance(outcome, DagValidationError):
+        return
+    said = {}
+    for issue in outcome.issues:
+        said[issue.node] = said.get(issue.node, "") + str(issue)
+    for entry in nodes if isinstance(nodes, list) else []:
+        node_id = _usable_id(entry)
+        if node_id is None:
+            continue
+        for key in set(entry) - set(NODE_FIELDS):  # an unknown field is always named
+            assert str(key) in said.get(node_id, ""), (key, said)
+
+
+@FAST
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data())
+def test_mutated_shipped_dags_validate_or_explain_every_problem(name, data):
+    nodes = copy.deepcopy(shipped_nodes(name))
+    for _ in range(data.draw(st.integers(1, 3))):
+        entry = data.draw(st.sampled_from(nodes))
+        field = data.draw(st.sampled_from([*NODE_FIELDS, "extra"]))
+        if field == "config" and isinstance(entry.get("config"), dict) and entry["config"]:
+            key = data.draw(st.sampled_from(sorted(entry["config"])) | KEYS)
+            entry["config"][key] = data.draw(VALUES)
+        elif data.draw(st.booleans()):
+            entry.pop(field, None)
+        else:
+            entry[field] = data.draw(VALUES | NODE_IDS | st.lists(NODE_IDS, max_size=2))
+    check_dag_outcome(nodes, data.draw(st.integers(1, 5)))
+
+
+# ------------------------------------------------------------------- whole configs
+def _walk(tree: Any, path: tuple = ()) -> typing.Iterator[tuple[tuple, Any]]:
+    """Every ``(path, value)`` below ``tree``; list items are addressed by index."""
+    yield path, tree
+    children = (
+        tree.items()
+        if isinstance(tree, dict)
+        else enumerate(tree)
+        if isinstance(tree, list)
+        else ()
+    )
+    for key, value in children:
+        yield from _walk(value, (*path, key))
+
+
+def _get(tree: Any, path: tuple) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _open(path: tuple) -> bool:
+    return any(key in OPEN_MAPPINGS for key in path)
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(key) for key in path)
+
+
+@SLOW
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data())
+def test_random_mutations_of_shipped_configs_never_crash(name, data):
+    """Set, add and delete keys anywhere: a DAG or a user error, never a traceback."""
+    tree = copy.deepcopy(shipped(name))
+    for _ in range(data.draw(st.integers(1, 4))):
+        path, value = data.draw(st.sampled_from(list(_walk(tree))[1:]))
+        parent = _get(tree, path[:-1])
+        action = data.draw(st.sampled_from(["set", "add", "delete"]))
+        if action == "add" and isinstance(value, dict):
+            value[data.draw(KEYS)] = data.draw(VALUES)
+        elif action == "delete" and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(VALUES)
+    validate_or_error(tree)
+
+
+@FAST
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data())
+def test_an_unknown_key_at_any_level_is_an_error_naming_it(name, data):
+    tree = copy.deepcopy(shipped(name))
+    places = [
+        path
+        for path, value in _walk(tree)
+        if isinstance(value, dict) and not _open(path) and path != ("models",)
+    ]
+    where = data.draw(st.sampled_from(places))
+    key = data.draw(KEYS.filter(lambda k: k not in KNOWN_NAMES))
+    _get(tree, where)[key] = data.draw(VALUES)
+    outcome = validate_or_error(tree)
+    assert isinstance(outcome, USER_ERRORS), f"{_dotted((*where, key))} was accepted"
+    assert key in str(outcome)
+
+
+def _wrong_values(hint: Any) -> st.SearchStrategy:
+    """Values a config file might hold that do not fit ``hint`` (None, int, str, ...)."""
+    allowed = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+    origins = {typing.get_origin(a) for a in allowed}
+    choices = []
+    if dict not in origins:
+        choices.append(st.dictionaries(KEYS, SCALARS, min_size=1, max_size=2))
+    if not {list, tuple} & origins:
+        choices.append(st.lists(st.integers(), min_size=1, max_size=2))
+    if str not in allowed:
+        choices.append(st.text(max_size=4))
+    if allowed.isdisjoint({int, float}):
+        choices.append(st.integers(-5, 5))
+    if bool not in allowed:
+        choices.append(st.booleans())
+    if type(None) not in allowed:
+        choices.append(st.none())
+    return st.one_of(choices)
+
+
+@FAST
+@given(
+    name=st.sampled_from(CONFIG_NAMES), section=st.sampled_from(sorted(SECTIONS)), data=st.data()
+)
+def test_a_wrong_type_in_a_section_names_the_key_and_the_type(name, section, data):
+    tree = copy.deepcopy(shipped(name))
+    hints = typing.get_type_hints(SECTIONS[section])
+    field = data.draw(st.sampled_from(sorted(hints)))
+    value = data.draw(_wrong_values(hints[field]))
+    tree.setdefault(section, {})[field] = value
+    outcome = validate_or_error(tree)
+    assert isinstance(outcome, ConfigError), f"{section}.{field}={value!r} was accepted"
+    assert f"{section}.{field} must be " in str(outcome)
+    assert f"Fix: set {section}.{field} to " in str(outcome)
+
+
+@FAST
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data())
+def test_a_wrong_type_in_a_node_config_names_the_node_and_the_key(name, data):
+    tree = copy.deepcopy(shipped(name))
+    nodes = tree["dag"]["nodes"]
+    index = data.draw(
+        st.sampled_from([i for i, n in enumerate(nodes) if NODE_TYPES.get(n["type"]).config_cls])
+    )
+    node = nodes[index]
+    hints = typing.get_type_hints(NODE_TYPES.get(node["type"]).config_cls)
+    field = data.draw(st.sampled_from(sorted(f for f, h in hints.items() if h is not Any)))
+    value = data.draw(_wrong_values(hints[field]))
+    config = node.get("config")
+    if isinstance(config, str):  # ${section}: the node reads that whole section
+        _get(tree, tuple(config[2:-1].split(".")))[field] = value
+    else:
+        node.setdefault("config", {})[field] = value
+    outcome = validate_or_error(tree)
+    assert isinstance(outcome, DagValidationError), f"{node['id']}.{field}={value!r} accepted"
+    assert any(
+        issue.node == node["id"] and f"config.{field} must be " in issue.problem
+        for issue in outcome.issues
+    ), str(outcome)
+
+
+@FAST
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data(), missing=KEYS)
+def test_a_broken_interpolation_names_the_missing_key(name, data, missing):
+    tree = copy.deepcopy(shipped(name))
+    leaves = [p for p, v in _walk(tree) if p and not isinstance(v, dict | list)]
+    path = data.draw(st.sampled_from(leaves))
+    _get(tree, path[:-1])[path[-1]] = f"${{nope.{missing}}}"
+    outcome = validate_or_error(tree)
+    assert isinstance(outcome, ConfigError)
+    assert f"Interpolation key 'nope.{missing}' not found" in str(outcome)
+
+
+@FAST
+@given(name=st.sampled_from(CONFIG_NAMES), data=st.data())
+def test_a_deleted_key_is_either_optional_or_named_in_the_error(name, data):
+    """A missing key: its default, or an error naming it (or the node its default breaks)."""
+    tree = copy.deepcopy(shipped(name))
+    keys = [p for p, _ in _walk(tree) if p and isinstance(_get(tree, p[:-1]), dict)]
+    path = data.draw(st.sampled_from(keys))
+    del _get(tree, path[:-1])[path[-1]]
+    outcome = validate_or_error(tree)
+    if isinstance(outcome, ConfigError):
+        assert str(path[-1]) in str(outcome), (_dotted(path), str(outcome))
+    elif isinstance(outcome, DagValidationError):  # a default took its place: the node is named
+        named = [issue for issue in outcome.issues if str(path[-1]) in str(issue)]
+        assert named or all(issue.node is not None for issue in outcome.issues), str(outcome)
+
+
+OVERRIDE_VALUES = st.sampled_from(["abc", "-1", "0", "null", "[1,2]", "{a: 1}", "1.5", "${x}"])
+
+
+@st.composite
+def overrides(draw: st.DrawFn, name: str) -> list[str]:
+    """Hydra command-line overrides: changes, additions and deletions of real or made-up keys."""
+    paths = [_dotted(p) for p, _ in _walk(shipped(name)) if p and not isinstance(p[-1], int)]
+    paths = [p for p in paths if ".nodes." not in p]  # hydra cannot address list items
+    made = []
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(paths))
+        value = draw(OVERRIDE_VALUES | st.integers(-2, 99).map(str))
+        made.append(
+            draw(
+                st.sampled_from(
+                    [f"{path}={value}", f"+{path}.{draw(KEYS)}={value}", f"~{path}", f"{path}"]
+                )
+            )
+        )
+    return made
+
+
+@SLOW
+@given(data=st.data(), name=st.sampled_from(CONFIG_NAMES))
+def test_the_validate_command_answers_bad_overrides_with_an_error_line(data, name):
+    args = data.draw(overrides(name))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["validate", "--config-name", name, *args])
+    assert code in (0, 2), err.getvalue()
+    if code == 2:
+        lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
+        assert lines, err.getvalue()
+        assert "Fix: " in err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["trainer.foo=1"],
+            "unknown key trainer.foo in the override of 'grpo_llm'. Fix: use a key trainer has: ['checkpoint_every',",
+        ),
+        (["rollout.temprature=2"], "unknown key rollout.temprature (did you mean 'temperature'?)"),
+        (
+            ["+rollout.temprature=2"],
+            "node 'rollout': unknown key config.temprature (did you mean config.temperature?)",
+        ),
+        (
+            ["+data.batch_sise=4"],
+            "unknown config key data.batch_sise: no node type has an option 'batch_sise' and no node's config refers to data.batch_sise (did you mean data.batch_size?)",
+        ),
+        (
+            ["+models.actor.optimizer.lrr=1"],
+            "unknown key models.actor.optimizer.lrr (did you mean models.actor.optimizer.lr?)",
+        ),
+        (
+            ["+models.actor.dtype=float32"],
+            "unknown key models.actor.dtype. Fix: use only the valid keys ['policy', 'options', 'trainable', 'optimizer']",
+        ),
+        (["+eval.evry=2"], "unknown key eval.evry (did you mean eval.every?)"),
+        (["+foo=1"], "unknown top-level key 'foo'"),
+        (
+            ["workers.num_workers=abc"],
+            "workers.num_workers must be an int, got 'abc' (str). Fix: set workers.num_workers to an int",
+        ),
+        (
+            ["rollout.n=2.5"],
+            "node 'rollout': config.n must be an int, got 2.5 (float). Fix: set config.n to an int",
+        ),
+        (["trainer.total_steps=-3"], "trainer: total_steps must be > 0, got -3"),
+        (
+            ["algorithm.actor.model=critic"],
+            "node 'train': its config.model is 'critic', but models has no 'critic'",
+        ),
+        (
+            ["data.batch_size=${data.size}"],
+            "cannot resolve dag.nodes[0].config.batch_size: Interpolation key 'data.size' not found",
+        ),
+        (["dag=-1"], "cannot compose 'grpo_llm' with ['dag=-1']"),
+        (["device=tpu"], "device must be one of ('cpu', 'cuda', 'npu'), got 'tpu'"),
+    ],
+)
+def test_the_validate_command_names_the_key_and_the_fix(overrides, expected, capsys):
+    assert main(["validate", "--config-name", "grpo_llm", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and "Fix: " in err, err
+
+
+def test_keys_that_no_node_of_this_dag_uses_are_named_in_a_warning(caplog):
+    # grpo_libero inherits srpo_libero's SRPO sections but runs the binary-reward DAG.
+    with caplog.at_level("WARNING", logger="embodied_rl.runtime.config"):
+        validate_config(compose("grpo_libero"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "config keys not used by this run's DAG(s): algorithm.dynamic_sampling, encoder, srpo"
+    ]
+
+
+# ---------------------------------------------------------------------- prompt files
+LINES = st.one_of(
+    st.builds(
+        lambda p, a: json.dumps({"prompt": p, "answer": a}),
+        st.text(" ab\t", max_size=12),
+        st.text("0123", max_size=2),
+    ),
+    st.builds(lambda p: json.dumps({"prompt": p}), st.text("ab ", max_size=6)),
+    st.builds(lambda v: json.dumps({"prompt": v, "answer": "1"}), SCALARS),
+    st.builds(json.dumps, SCALARS | st.lists(st.integers(), max_size=2)),
+    st.sampled_from(['{"prompt": "x"', "{", '{"prompt": "a b", "answer": 1}', "", "  "]),
+)
+MAX_WORDS = 3
+
+
+def expected_reason(line: str) -> str | None:
+    """Why the loader must not use this row (the documented rules, restated)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "malformed"
+    if not isinstance(record, dict):
+        return "malformed"
+    if record.get("prompt") is None or record.get("answer") is None:
+        return "missing_field"
+    if not isinstance(record["prompt"], str):
+        return "malformed"
+    if not record["prompt"].strip():
+        return "empty"
+    return "too_long" if len(record["prompt"].split()) > MAX_WORDS else None
+
+
+@FAST
+@given(lines=st.lists(LINES, max_size=12), on_bad_row=st.sampled_from(["error", "drop"]))
+def test_prompt_files_are_refused_at_the_first_bad_line_or_dropped_with_counts(lines, on_bad_row):
+    rows = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    reasons = {number: expected_reason(line) for number, line in rows}
+    usable = [json.loads(line)["prompt"] for number, line in rows if reasons[number] is None]
+    refused = [n for n, r in reasons.items() if r in ("malformed", "missing_field")]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "prompts.jsonl"
+        path.write_text("\n".join(lines))
+        try:
+            loader = ShardedPromptLoader(
+                path,
+                global_batch_size=1,
+                dp_rank=0,
+                dp_size=1,
+                seed=0,
+                shuffle=False,
+                required_fields=("prompt", "answer"),
+                on_bad_row=on_bad_row,
+                max_prompt_tokens=MAX_WORDS,
+                count_tokens=lambda prompts: [len(p.split()) for p in prompts],
+            )
+        except ValueError as err:
+            if refused and on_bad_row == "error":
+                assert str(err).startswith(f"{path}: line {min(refused)} "), str(err)
+                assert "Fix or remove those rows" in str(err)
+            else:
+                assert not usable and "has no usable rows" in str(err), str(err)
+            return
+        assert not (refused and on_bad_row == "error") and usable
+        assert loader.dropped == dict(Counter(r for r in reasons.values() if r is not None))
+        epoch = [strings(loader.next_batch(), K.PROMPT_TEXT)[0] for _ in usable]
+        assert epoch == usable
