@@ -30,11 +30,10 @@ from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
 from embodied_rl.nodes.train import (
     check_max_bad_steps,
-    count_bad_steps,
     create_bad_step_counter,
     evaluate_keys,
     global_counts,
-    mini_batch_update,
+    run_updates,
 )
 from embodied_rl.runtime.context import NodeContext
 
@@ -260,22 +259,13 @@ def critic_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     critic = ctx.models[cfg.model]
     _log_batch_means(ctx, batch)
     critic.train()
-    skipped = 0
-    for _ in range(cfg.ppo_epochs):
-        for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
-            mini = batch[rows]
-            counts = global_counts(ctx, mini)
-            grad_norm, was_skipped = mini_batch_update(
-                ctx,
-                cfg.model,
-                mini,
-                cfg.micro_batch_size,
-                partial(_micro_batch_value_loss, ctx, critic, counts=counts, cfg=cfg),
-            )
-            skipped += was_skipped
-            if not was_skipped:
-                ctx.metrics.log("critic/grad_norm", grad_norm, reduce="max")
-    count_bad_steps(ctx, "critic", skipped, cfg.max_bad_steps, cfg.model)
+    run_updates(
+        ctx,
+        batch,
+        cfg,
+        lambda counts: partial(_micro_batch_value_loss, ctx, critic, counts=counts, cfg=cfg),
+        prefix="critic",
+    )
     return batch
 
 

@@ -322,24 +322,43 @@ def actor_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     cfg: ActorTrainConfig = ctx.node_config
     policy = ctx.models[cfg.model]
     policy.train()
+    skipped = run_updates(
+        ctx,
+        batch,
+        cfg,
+        lambda counts: partial(_micro_batch_loss, ctx, policy, counts=counts, cfg=cfg),
+        prefix="actor",
+    )
+    ctx.metrics.log("actor/updates", _updates_per_step(cfg) - skipped, reduce="max")
+    return batch
+
+
+def run_updates(
+    ctx: NodeContext,
+    batch: TensorDict,
+    cfg: Any,
+    loss_for: Callable[[GlobalCounts], Callable[[TensorDict], torch.Tensor]],
+    prefix: str,
+) -> int:
+    """``ppo_epochs`` x ``num_mini_batches`` updates of ``cfg.model`` on this rank's batch.
+
+    ``loss_for(counts)`` gives the micro-batch loss normalised by that mini-batch's global
+    counts. Logs ``<prefix>/grad_norm`` of applied updates and counts bad steps (which raises
+    after ``cfg.max_bad_steps`` in a row). Returns the number of skipped updates.
+    """
     skipped = 0
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
-            counts = global_counts(ctx, mini)
+            loss = loss_for(global_counts(ctx, mini))
             grad_norm, was_skipped = mini_batch_update(
-                ctx,
-                cfg.model,
-                mini,
-                cfg.micro_batch_size,
-                partial(_micro_batch_loss, ctx, policy, counts=counts, cfg=cfg),
+                ctx, cfg.model, mini, cfg.micro_batch_size, loss
             )
             skipped += was_skipped
             if not was_skipped:
-                ctx.metrics.log("actor/grad_norm", grad_norm, reduce="max")
-    ctx.metrics.log("actor/updates", _updates_per_step(cfg) - skipped, reduce="max")
-    count_bad_steps(ctx, "actor", skipped, cfg.max_bad_steps, cfg.model)
-    return batch
+                ctx.metrics.log(f"{prefix}/grad_norm", grad_norm, reduce="max")
+    count_bad_steps(ctx, prefix, skipped, cfg.max_bad_steps, cfg.model)
+    return skipped
 
 
 def global_counts(ctx: NodeContext, mini: TensorDict) -> GlobalCounts:
