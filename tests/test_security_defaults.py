@@ -19,10 +19,9 @@ import torch
 import embodied_rl.tasks  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
-from embodied_rl.data.layout import Layout
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.launcher import ray_init_kwargs
 from embodied_rl.tasks.arithmetic import ArithmeticRewardConfig, score
 
@@ -259,21 +258,7 @@ def test_arithmetic_reward_never_runs_model_output(tmp_path: Path):
     batch = make_batch(
         {K.RESPONSE_TEXT: [*attacks, "19"], K.ANSWER_TEXT: ["19"] * (len(attacks) + 1)}
     )
-    ctx = NodeContext(
-        cfg=None,
-        node_id="reward",
-        node_config=ArithmeticRewardConfig(),
-        rank=0,
-        world_size=1,
-        layout=Layout((0,)),
-        dp_group=None,
-        models={},
-        state={},
-        step=0,
-        metrics=MetricSink(),
-        device=torch.device("cpu"),
-        run_dir=tmp_path,
-    )
+    ctx = NodeContext.single_process("reward", ArithmeticRewardConfig(), run_dir=tmp_path)
     rewards = node.fn(ctx, batch)[K.REWARDS].tolist()
     assert rewards == [0.0] * len(attacks) + [1.0]
     assert not marker.exists()

@@ -92,6 +92,26 @@ class NodeContext:
     seed_fn: Callable[[str], int] = field(default=lambda tag: 0)
     resample: Callable[[], Any] | None = None
 
+    @classmethod
+    def single_process(cls, node_id: str, node_config: Any, **fields: Any) -> NodeContext:
+        """A context for running one node in this process, outside a DAG worker (tests,
+        benchmarks, notebooks): rank 0 of 1, CPU, no process group, fresh state and metrics.
+        ``fields`` override any attribute (e.g. ``models=``, ``cfg=``, ``seed_fn=``)."""
+        defaults: dict[str, Any] = {
+            "cfg": None,
+            "rank": 0,
+            "world_size": 1,
+            "layout": Layout((0,)),
+            "dp_group": None,
+            "models": {},
+            "state": {},
+            "step": 0,
+            "metrics": MetricSink(),
+            "device": torch.device("cpu"),
+            "run_dir": Path("."),
+        }
+        return cls(node_id=node_id, node_config=node_config, **{**defaults, **fields})
+
     @property
     def dp_rank(self) -> int:
         return self.layout.dp_rank(self.rank)

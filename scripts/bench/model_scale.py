@@ -360,9 +360,8 @@ def trajectory_batch(size: OFTSize, images: Any, texts: list[str], states: Any, 
 
 def train_context(store: Any, trajectories: int, device: Any) -> Any:
     """A single-worker ``NodeContext`` for the ``actor.train`` node (SRPO's LIBERO settings)."""
-    from embodied_rl.data.layout import Layout
     from embodied_rl.nodes.train import ActorTrainConfig
-    from embodied_rl.runtime.context import MetricSink, NodeContext
+    from embodied_rl.runtime.context import NodeContext
 
     config = ActorTrainConfig(
         inputs="trajectory",
@@ -371,20 +370,8 @@ def train_context(store: Any, trajectories: int, device: Any) -> Any:
         clip_ratio_high=0.28,
         temperature=TEMPERATURE,
     )
-    return NodeContext(
-        cfg=None,
-        node_id="actor.train",
-        node_config=config,
-        rank=0,
-        world_size=1,
-        layout=Layout((0,)),
-        dp_group=None,
-        models=store,
-        state={},
-        step=0,
-        metrics=MetricSink(),
-        device=device,
-        run_dir=Path(tempfile.gettempdir()),
+    return NodeContext.single_process(
+        "actor.train", config, models=store, device=device, run_dir=Path(tempfile.gettempdir())
     )
 
 

@@ -14,7 +14,6 @@ import rollout  # noqa: F401
 import simulators  # noqa: F401
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
-from embodied_rl.data.layout import Layout
 from embodied_rl.registry import NODE_TYPES, POLICIES
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
@@ -39,11 +38,9 @@ def _rollout(kill: bool):
     )
     policy = POLICIES.get("mlp")({"state_dim": 8, "action_dim": 2}, torch.device("cpu"))
     sink = MetricSink()
-    ctx = NodeContext(
-        cfg=OmegaConf.create({"seed": 0}), node_id="rollout", node_config=cfg, rank=0,
-        world_size=1, layout=Layout((0,)), dp_group=None, models={}, state={}, step=0,
-        metrics=sink, device=torch.device("cpu"), run_dir=".", seed_fn=lambda tag: 7,
-    )  # fmt: skip
+    ctx = NodeContext.single_process(
+        "rollout", cfg, cfg=OmegaConf.create({"seed": 0}), metrics=sink, seed_fn=lambda tag: 7
+    )
     node.setup(ctx)
     env = ctx.state["vector_env"]
     ctx.models = {"actor": KillsAChildOnce(policy, env) if kill else policy}

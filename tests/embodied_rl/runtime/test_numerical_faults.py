@@ -23,7 +23,6 @@ import embodied_rl.nodes  # noqa: F401  (registers the train, critic and fault n
 import policies  # noqa: F401  (registers the mlp policy)
 from embodied_rl import keys as K
 from embodied_rl.checkpoint import check_weights_only_safe, latest_checkpoint, load_rank_shard
-from embodied_rl.data.layout import Layout
 from embodied_rl.nodes.faults import FaultConfig, poison
 from embodied_rl.nodes.train import (
     BAD_STEPS_STATE,
@@ -34,7 +33,7 @@ from embodied_rl.nodes.train import (
 )
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.models import ModelStore
 
@@ -44,20 +43,12 @@ MLP = {"state_dim": 3, "action_dim": 2, "hidden": [8], "seed": 0}
 
 # --------------------------------------------------------------------------- unit level
 def make_ctx(node_type: str, config: dict, models: ModelStore | None, step: int = 0):
-    return NodeContext(
-        cfg=None,
-        node_id="train",
-        node_config=NODE_TYPES.get(node_type).build_config(config),
-        rank=0,
-        world_size=1,
-        layout=Layout((0,)),
-        dp_group=None,
+    return NodeContext.single_process(
+        "train",
+        NODE_TYPES.get(node_type).build_config(config),
         models=models,
-        state={},
         step=step,
-        metrics=MetricSink(),
         device=CPU,
-        run_dir=Path("."),
     )
 
 
