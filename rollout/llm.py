@@ -11,7 +11,7 @@ Shapes: ``B`` input prompts, ``N = B * n`` output samples, ``P`` = ``max_prompt_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,8 +20,10 @@ from tensordict import NonTensorStack, TensorDict
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
+from rollout.vllm_engine import VLLMEngine, VLLMOptions
 
-BACKENDS = ("hf",)
+BACKENDS = ("hf", "vllm")
+VLLM_STATE = "vllm_engine"
 
 
 @dataclass
@@ -36,9 +38,15 @@ class LLMRolloutConfig:
         temperature: sampling temperature (also used for the old log-probs).
         top_p: nucleus sampling mass in (0, 1].
         do_sample: sample (True) or decode greedily (False, e.g. for evaluation).
-        backend: ``hf`` (transformers ``generate``).
+        backend: ``hf`` (transformers ``generate`` on the policy itself) or ``vllm`` (a vLLM
+            engine in this worker that gets the policy's weights pushed after every update;
+            see ``rollout/vllm_engine.py``). The old log-probs come from the policy either way;
+            with vLLM, the engine's own log-probs of the same tokens give the mismatch
+            metrics ``rollout/logprob_mismatch`` (mean absolute difference per token) and
+            ``rollout/logprob_mismatch_max``.
         micro_batch_size: samples per generate/log-prob call, bounding the memory of the
             (micro_batch, R, V) logits.
+        vllm: engine options (:class:`VLLMOptions`), used with ``backend: vllm``.
     """
 
     model: str = "actor"
@@ -50,13 +58,17 @@ class LLMRolloutConfig:
     do_sample: bool = True
     backend: str = "hf"
     micro_batch_size: int = 64
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
 
     def __post_init__(self) -> None:
-        if self.backend == "vllm":
-            raise ValueError(
-                "rollout backend 'vllm' is not available yet (it comes with the vLLM rollout "
-                "backend in a later release); use backend: hf"
-            )
+        if isinstance(self.vllm, dict):
+            unknown = sorted(set(self.vllm) - set(VLLMOptions.__dataclass_fields__))
+            if unknown:
+                raise ValueError(
+                    f"rollout.vllm: unknown key(s) {unknown}; valid keys: "
+                    f"{sorted(VLLMOptions.__dataclass_fields__)}"
+                )
+            self.vllm = VLLMOptions(**self.vllm)
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown rollout backend {self.backend!r}; valid: {list(BACKENDS)}")
         for name in ("n", "max_prompt_length", "max_response_length", "micro_batch_size"):
@@ -125,7 +137,8 @@ def _empty_output(batch: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
 
 
 def _generate(policy: Any, samples: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
-    """Responses and old log-probs for ``samples`` in micro-batches; returns a new batch."""
+    """Responses for ``samples`` with HF ``generate`` in micro-batches; returns a new batch
+    with PROMPT_IDS/PROMPT_MASK (N, P) and RESPONSE_IDS/RESPONSE_MASK (N, R) on the CPU."""
     chunks = []
     for start in range(0, batch_len(samples), cfg.micro_batch_size):
         part = samples[start : start + cfg.micro_batch_size]
@@ -137,20 +150,97 @@ def _generate(policy: Any, samples: TensorDict, cfg: LLMRolloutConfig) -> Tensor
             top_p=cfg.top_p,
             do_sample=cfg.do_sample,
         )
-        scored = TensorDict(
-            {
-                K.PROMPT_IDS: part[K.PROMPT_IDS],
-                K.PROMPT_MASK: part[K.PROMPT_MASK],
-                K.RESPONSE_IDS: response_ids.cpu(),
-                K.RESPONSE_MASK: response_mask.cpu(),
-            },
-            batch_size=[batch_len(part)],
-        )
-        with torch.no_grad():
-            old_logprobs, _ = policy.evaluate(scored, temperature=cfg.temperature)
-        scored[K.OLD_LOGPROBS] = old_logprobs.float().cpu()
-        chunks.append(scored)
+        chunks.append(_responses(part, response_ids.cpu(), response_mask.cpu()))
     return concat(chunks)
+
+
+def _responses(
+    samples: TensorDict, response_ids: torch.Tensor, response_mask: torch.Tensor
+) -> TensorDict:
+    return TensorDict(
+        {
+            K.PROMPT_IDS: samples[K.PROMPT_IDS],
+            K.PROMPT_MASK: samples[K.PROMPT_MASK],
+            K.RESPONSE_IDS: response_ids,
+            K.RESPONSE_MASK: response_mask,
+        },
+        batch_size=[batch_len(samples)],
+    )
+
+
+def _score(policy: Any, generated: TensorDict, cfg: LLMRolloutConfig) -> None:
+    """Write OLD_LOGPROBS (N, R) float32: the policy's log-probs of the responses, computed
+    in micro-batches of ``cfg.micro_batch_size`` samples."""
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, batch_len(generated), cfg.micro_batch_size):
+            part = generated[start : start + cfg.micro_batch_size]
+            logprobs, _ = policy.evaluate(part, temperature=cfg.temperature)
+            chunks.append(logprobs.float().cpu())
+    generated[K.OLD_LOGPROBS] = torch.cat(chunks)
+
+
+def _generate_vllm(
+    ctx: Any, policy: Any, samples: TensorDict, prompts: list[list[int]], cfg: LLMRolloutConfig
+) -> tuple[TensorDict, torch.Tensor]:
+    """Responses from this worker's vLLM engine, after pushing the trainer's weights to it.
+
+    Args:
+        samples: the N = B * n output rows with PROMPT_IDS/PROMPT_MASK, grouped by prompt.
+        prompts: the B prompts' token ids without padding.
+
+    Returns:
+        (the batch as :func:`_generate` returns it, the engine's log-probs (N, R) float32
+        of the sampled tokens, 0 after the response).
+    """
+    engine: VLLMEngine = ctx.state[VLLM_STATE].engine
+    version = _weights_version(ctx, cfg.model)
+    if engine.synced_version != version:
+        seconds = engine.push_weights(policy.inference_weights(), version)
+        ctx.metrics.log("time/rollout/weight_sync", seconds, reduce="max")
+    out = engine.generate(
+        prompts,
+        n=cfg.n,
+        max_new_tokens=cfg.max_response_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        do_sample=cfg.do_sample,
+        stop_token_ids=policy.eos_ids.tolist(),
+        allowed_token_ids=None if policy.allowed_ids is None else policy.allowed_ids.tolist(),
+        seed=ctx.seed("generate"),
+    )
+    engine.sleep()  # the trainer gets the memory back until the next rollout
+    rows, width = len(out.token_ids), cfg.max_response_length
+    response_ids = torch.full((rows, width), policy.pad_token_id, dtype=torch.long)
+    engine_logprobs = torch.zeros(rows, width)
+    for row, (ids, logprobs) in enumerate(zip(out.token_ids, out.logprobs)):
+        response_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+        engine_logprobs[row, : len(logprobs)] = torch.as_tensor(logprobs)
+    response_mask = policy.response_mask(response_ids)
+    return _responses(samples, response_ids, response_mask), engine_logprobs * response_mask
+
+
+def _weights_version(ctx: Any, model: str) -> int:
+    """Optimizer steps taken by ``model`` (0 for a frozen one): the weights change exactly
+    when this does, and a restored checkpoint restores it too."""
+    if not ctx.models.specs[model].trainable:
+        return 0
+    state = ctx.models.optimizer(model).state
+    steps = [int(s["step"]) for s in state.values() if "step" in s]
+    return max(steps, default=0)
+
+
+def _log_mismatch(ctx: Any, engine_logprobs: torch.Tensor, generated: TensorDict) -> None:
+    """``rollout/logprob_mismatch``: mean |engine - trainer| log-prob per response token, and
+    its maximum; both 0 for identical numerics. Large values mean the rollout samples from a
+    different distribution than the one the loss assumes (dtype, kernels, stale weights)."""
+    mask = generated[K.RESPONSE_MASK] > 0
+    tokens = int(mask.sum())
+    if tokens == 0:
+        return
+    gap = (engine_logprobs - generated[K.OLD_LOGPROBS]).abs()[mask]
+    ctx.metrics.log("rollout/logprob_mismatch", gap.mean(), weight=tokens)
+    ctx.metrics.log("rollout/logprob_mismatch_max", gap.max(), reduce="max")
 
 
 def _decode(tokenizer: Any, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
@@ -175,6 +265,7 @@ def _decode(tokenizer: Any, response_ids: torch.Tensor, response_mask: torch.Ten
     ),
     config=LLMRolloutConfig,
     batch_factor=lambda c: c.n,
+    setup=lambda ctx: _start_engine(ctx),
 )
 def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     """Sample ``n`` responses for every prompt of ``batch``.
@@ -210,7 +301,13 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     # that this node does not shift the random draws of nodes that run after it.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("generate"))
-        generated = _generate(policy, out, cfg)
+        if cfg.backend == "vllm":
+            generated, engine_logprobs = _generate_vllm(ctx, policy, out, encoded, cfg)
+        else:
+            generated = _generate(policy, out, cfg)
+    _score(policy, generated, cfg)
+    if cfg.backend == "vllm":
+        _log_mismatch(ctx, engine_logprobs, generated)
     for key in (K.RESPONSE_IDS, K.RESPONSE_MASK, K.OLD_LOGPROBS):
         out[key] = generated[key]
     _set_strings(
@@ -222,6 +319,31 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     out[K.SAMPLE_ID] = out[K.GROUP_ID] * cfg.n + torch.arange(cfg.n).repeat(batch_len(batch))
     _log_metrics(ctx, generated[K.RESPONSE_MASK])
     return out
+
+
+class _EngineHandle:
+    """Node state that owns this worker's engine; the worker closes it before it exits."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _start_engine(ctx: Any) -> None:
+    """Setup of ``rollout.llm``: start the vLLM engine once per worker (backend vllm only)."""
+    cfg: LLMRolloutConfig = ctx.node_config
+    if cfg.backend != "vllm" or VLLM_STATE in ctx.state:
+        return
+    engine = VLLMEngine(
+        ctx.models[cfg.model],
+        cfg.vllm,
+        max_model_len=cfg.max_prompt_length + cfg.max_response_length,
+        seed=ctx.seed("vllm_engine"),
+    )
+    ctx.state[VLLM_STATE] = _EngineHandle(engine)
+    ctx.metrics.log("time/rollout/engine_start", engine.start_s, reduce="max")
 
 
 def _log_metrics(ctx: Any, response_mask: torch.Tensor) -> None:

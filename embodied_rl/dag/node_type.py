@@ -46,6 +46,8 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool) and value == value
     if origin is Literal:
         return value in args
+    if dataclasses.is_dataclass(hint):  # a nested block; its keys are checked on its own
+        return isinstance(value, Mapping | hint)
     if origin in (list, tuple, Sequence) or hint in (list, tuple):
         if not isinstance(value, list | tuple):
             return False
@@ -123,6 +125,8 @@ def dataclass_problems(cls: type, raw: Any, where: str) -> list[tuple[str, str]]
         if name not in raw:
             if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
                 problems.append((f"{where} lacks the required key {name!r}", f"set {where}.{name}"))
+        elif dataclasses.is_dataclass(hints[name]) and isinstance(raw[name], Mapping):
+            problems += dataclass_problems(hints[name], raw[name], f"{where}.{name}")
         elif not _fits(raw[name], hints[name]):
             wanted = _describe(hints[name])
             problems.append(
@@ -144,6 +148,13 @@ def build_dataclass(cls: type, raw: Any, where: str) -> Any:
         raise NodeConfigError(
             "; ".join(p for p, _ in problems), "; ".join(dict.fromkeys(f for _, f in problems))
         )
+    hints = typing.get_type_hints(cls)
+    raw = {
+        key: build_dataclass(hints[key], value, f"{where}.{key}")
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping)
+        else value
+        for key, value in raw.items()
+    }
     try:
         return cls(**raw)
     except (TypeError, ValueError) as err:  # __post_init__ checks of ranges and combinations

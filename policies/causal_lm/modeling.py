@@ -15,7 +15,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix transform
 
 # isort: split
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +252,27 @@ class CausalLMPolicy(torch.nn.Module):
             )
         return torch.where(inside, index, torch.zeros_like(index))
 
+    # ------------------------------------------------------------ for inference engines
+    @property
+    def inference_dtype(self) -> str:
+        """Parameter dtype name (``float32``, ``bfloat16``, ...) an engine should run in."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    def save_architecture(self, folder: str) -> None:
+        """Write the model's ``config.json`` (architecture only, no weights) into ``folder``."""
+        self.model.config.save_pretrained(folder)
+
+    def inference_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights under their ``transformers`` checkpoint names, as full tensors.
+
+        Sharded (FSDP2 DTensor) parameters are gathered one at a time, which is a collective:
+        every rank holding a shard must iterate in the same order.
+        """
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield name, tensor
+
     @classmethod
     def from_config(cls, config: CausalLMConfig, device: torch.device) -> CausalLMPolicy:
         """Build the tokenizer and the model (preset or local checkpoint) on ``device``."""
@@ -306,7 +327,7 @@ def build_model_and_tokenizer(
 def build_tiny_qwen2(
     vocab_size: int, tokenizer: PreTrainedTokenizerBase, seed: int
 ) -> Qwen2ForCausalLM:
-    """The ``tiny_qwen2`` preset: a 2-layer, 64-wide Qwen2 with random init.
+    """The ``tiny_qwen2`` preset: a 2-layer, 64-wide Qwen2 (2 heads of 32) with random init.
 
     The init is seeded (without touching the global RNG), so every rank that builds it
     with the same seed gets identical weights.
@@ -315,8 +336,10 @@ def build_tiny_qwen2(
         vocab_size=vocab_size,
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # Head size 32: the smallest vLLM's attention kernels take (same weight shapes as
+        # 4 heads of 16, so the seeded init is unchanged).
+        num_attention_heads=2,
+        num_key_value_heads=1,
         intermediate_size=128,
         max_position_embeddings=512,
         tie_word_embeddings=True,

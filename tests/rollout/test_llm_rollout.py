@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
 
 # isort: split
@@ -175,9 +177,24 @@ def test_node_registration_and_config_validation():
     assert node.factor(config) == 8
     assert set(node.write_keys(config)) == set(OUTPUT_KEYS)
     assert node.read_keys(config) == (K.PROMPT_TEXT, K.SAMPLE_ID)
-    with pytest.raises(NodeConfigError, match="use backend: hf"):
-        node.build_config({"backend": "vllm"})
+    vllm = node.build_config({"backend": "vllm", "vllm": {"memory_fraction": 0.2}})
+    assert vllm.vllm.memory_fraction == 0.2 and vllm.vllm.sleep == "auto"
+    with pytest.raises(NodeConfigError, match=r"unknown key config.vllm.memory"):
+        node.build_config({"backend": "vllm", "vllm": {"memory": 0.2}})
+    with pytest.raises(NodeConfigError, match=r"memory_fraction must be in \(0, 1\]"):
+        node.build_config({"backend": "vllm", "vllm": {"memory_fraction": 2.0}})
+    with pytest.raises(NodeConfigError, match="unknown rollout backend 'sglang'"):
+        node.build_config({"backend": "sglang"})
     with pytest.raises(NodeConfigError, match="n must be >= 1"):
         node.build_config({"n": 0})
     with pytest.raises(NodeConfigError, match="top_p"):
         node.build_config({"top_p": 0.0})
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this venv"
+)
+def test_vllm_backend_without_vllm_names_the_install_script(policy):
+    ctx = make_ctx(policy, n=2, max_prompt_length=8, max_response_length=3, backend="vllm")
+    with pytest.raises(RuntimeError, match=r"bash scripts/install_vllm.sh.*rollout.backend=hf"):
+        NODE_TYPES.get("rollout.llm").setup(ctx)
