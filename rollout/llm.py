@@ -20,6 +20,7 @@ from tensordict import NonTensorStack, TensorDict
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
+from embodied_rl.devices import device_spec
 from rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 BACKENDS = ("hf", "vllm")
@@ -331,19 +332,39 @@ class _EngineHandle:
         self.engine.close()
 
 
+# One engine per policy in this worker process, shared by every rollout node that samples
+# from that policy (e.g. the training and the evaluation DAG).
+_ENGINES: dict[str, VLLMEngine] = {}
+
+
 def _start_engine(ctx: Any) -> None:
     """Setup of ``rollout.llm``: start the vLLM engine once per worker (backend vllm only)."""
     cfg: LLMRolloutConfig = ctx.node_config
     if cfg.backend != "vllm" or VLLM_STATE in ctx.state:
         return
-    engine = VLLMEngine(
-        ctx.models[cfg.model],
+    if cfg.model in _ENGINES and _ENGINES[cfg.model].llm is not None:
+        ctx.state[VLLM_STATE] = _EngineHandle(_ENGINES[cfg.model])
+        return
+    policy = ctx.models[cfg.model]
+    engine = _ENGINES[cfg.model] = VLLMEngine(
+        policy,
         cfg.vllm,
         max_model_len=cfg.max_prompt_length + cfg.max_response_length,
         seed=ctx.seed("vllm_engine"),
+        dtype=_engine_dtype(ctx, cfg.vllm.dtype, policy.inference_dtype),
+        worker_index=ctx.rank,
     )
     ctx.state[VLLM_STATE] = _EngineHandle(engine)
     ctx.metrics.log("time/rollout/engine_start", engine.start_s, reduce="max")
+
+
+def _engine_dtype(ctx: Any, choice: str, trainer_dtype: str) -> str:
+    """``auto``: the device's mixed-precision dtype (bf16 on accelerators), else the trainer's
+    parameter dtype; anything else as configured."""
+    if choice != "auto":
+        return choice
+    autocast = device_spec(ctx.device.type).autocast_dtype
+    return trainer_dtype if autocast is None else str(autocast).removeprefix("torch.")
 
 
 def _log_metrics(ctx: Any, response_mask: torch.Tensor) -> None:

@@ -45,6 +45,9 @@ INSTALL_HINT = (
 )
 
 
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
 class VLLMOptions:
     """Engine options of an LLM rollout node (``rollout.vllm``).
@@ -53,13 +56,18 @@ class VLLMOptions:
         memory_fraction: vLLM's ``gpu_memory_utilization``: the share of GPU memory the engine
             may take for weights and KV cache (of RAM on CPU, where the KV cache is all of it).
             ``null``: 0.5 on an accelerator, 0.05 on CPU.
+        dtype: the engine's weight dtype (``float32``, ``bfloat16``, ``float16``); ``auto``:
+            the device's mixed-precision dtype (bfloat16 on CUDA/NPU), else the trainer's
+            parameter dtype. Weights are cast as they are pushed.
         sleep: offload the engine's weights and free its KV cache between rollouts so the
             trainer can use the memory. ``auto``: where vLLM supports it (CUDA).
         enforce_eager: no CUDA graphs (faster start; graphs pay off on long generations).
-        start_timeout_s: how long the engine may take to start before the run fails.
+        start_timeout_s: how long the engine may take to start before the run fails (vLLM's
+            ``VLLM_ENGINE_READY_TIMEOUT_S``; starts take minutes on a loaded CPU).
     """
 
     memory_fraction: float | None = None
+    dtype: str = "auto"
     sleep: str = "auto"
     enforce_eager: bool = True
     start_timeout_s: float = 900.0
@@ -68,6 +76,14 @@ class VLLMOptions:
         if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
             raise ValueError(
                 f"rollout.vllm.memory_fraction must be in (0, 1], got {self.memory_fraction}"
+            )
+        if self.start_timeout_s <= 0:
+            raise ValueError(
+                f"rollout.vllm.start_timeout_s must be > 0, got {self.start_timeout_s}"
+            )
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(
+                f"rollout.vllm.dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}"
             )
         if self.sleep not in ("auto", "on", "off"):
             raise ValueError(f"rollout.vllm.sleep must be auto, on or off, got {self.sleep!r}")
@@ -108,8 +124,9 @@ class WeightReceiver:
         Returns:
             The number of tensors loaded.
         """
-        data = torch.from_file(segment, shared=True, size=os.path.getsize(segment))
-        data = data.view(torch.uint8)
+        data = torch.from_file(
+            segment, shared=True, size=os.path.getsize(segment), dtype=torch.uint8
+        )
         named = [
             (
                 slot.name,
@@ -150,14 +167,23 @@ class WeightSegment:
     def _mapped(self, nbytes: int) -> torch.Tensor:
         """The segment mapped with at least ``nbytes``; growing keeps what was written."""
         if self._data is None or self._data.numel() < nbytes:
+            # Grow geometrically: the first push learns the size tensor by tensor.
             size = max(nbytes, 2 * (0 if self._data is None else self._data.numel()), _ALIGN)
-            self._data = torch.from_file(str(self.path), shared=True, size=size)
-            self._data = self._data.view(torch.uint8)
+            self._data = torch.from_file(str(self.path), shared=True, size=size, dtype=torch.uint8)
         return self._data
 
     def close(self) -> None:
         self._data = None
         self.path.unlink(missing_ok=True)
+
+
+def cpu_cores_for(worker_index: int) -> str:
+    """The cores (vLLM's ``"2,3"`` syntax) for the engine of the ``worker_index``-th worker:
+    as many as this worker's torch threads, taken round-robin from the cores it may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    count = min(max(1, torch.get_num_threads()), len(cores))
+    first = worker_index * count
+    return ",".join(str(cores[(first + i) % len(cores)]) for i in range(count))
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
@@ -187,6 +213,8 @@ class VLLMEngine:
         options: VLLMOptions,
         max_model_len: int,
         seed: int,
+        dtype: str,
+        worker_index: int = 0,
     ) -> None:
         try:
             import vllm
@@ -202,11 +230,17 @@ class VLLMEngine:
         self.sleep_enabled = self._sleep_enabled(options.sleep, platform.is_sleep_mode_available())
         memory = options.memory_fraction or (0.05 if platform.is_cpu() else 0.5)
         started = time.perf_counter()
+        # vLLM reads its start-up limit from the environment (its engine process inherits it).
+        os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(options.start_timeout_s))
+        if platform.is_cpu() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            # vLLM binds its threads to the first free core by default, so the engines of
+            # all workers on a machine would share one core.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_cores_for(worker_index)
         self.llm = vllm.LLM(
             model=self._model_dir,
             skip_tokenizer_init=True,
             load_format="dummy",  # real weights arrive from the trainer, never from disk
-            dtype=policy.inference_dtype,
+            dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
             gpu_memory_utilization=memory,

@@ -1,0 +1,58 @@
+"""Whole runs on one CUDA GPU (marked ``gpu``: skipped without one).
+
+The LLM run with the vLLM backend is in ``tests/rollout/test_vllm_backend.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from embodied_rl.runtime.config import compose
+from embodied_rl.runtime.launcher import launch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.ray]
+
+
+def _metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.libero
+@pytest.mark.skipif(importlib.util.find_spec("libero") is None, reason="LIBERO is not installed")
+def test_srpo_step_with_openvla_oft_on_cuda(tmp_path):
+    """One SRPO step on LIBERO with the reduced-size (tiny) OpenVLA-OFT on the GPU."""
+    overrides = [
+        "device=cuda",
+        "workers.num_workers=1",
+        "trainer.total_steps=1",
+        "trainer.checkpoint_every=1",
+        "eval.at_end=false",
+        f"run_dir={tmp_path}",
+    ]
+    result = launch(compose("srpo_libero", overrides), show_progress=False)
+    (step,) = _metrics(result.run_dir)
+    assert step["rollout/episode_steps"] > 0
+    assert 0.0 <= step["rollout/success_rate"] <= 1.0
+    assert torch.isfinite(torch.tensor(step["loss/policy"]))
+    assert step["actor/grad_norm"] > 0
+    assert (result.run_dir / "checkpoints" / "step_000001" / "manifest.json").exists()
+
+
+def test_grpo_llm_hf_backend_on_cuda_matches_its_cpu_config(tmp_path):
+    """``device=cuda`` is the only change from the CPU run of grpo_llm."""
+    overrides = [
+        "device=cuda",
+        "workers.num_workers=1",
+        "trainer.total_steps=2",
+        "trainer.checkpoint_every=0",
+        f"run_dir={tmp_path}",
+    ]
+    lines = _metrics(launch(compose("grpo_llm", overrides), show_progress=False).run_dir)
+    assert [m["step"] for m in lines] == [0, 1]
+    for m in lines:
+        assert 0.0 <= m["reward/mean"] <= 1.0
+        assert torch.isfinite(torch.tensor(m["loss/policy"]))
