@@ -143,54 +143,40 @@ def test_weight_segment_is_removed_on_close():
     assert not segment.exists()
 
 
-@pytest.mark.ray
-def test_grpo_llm_trains_with_the_vllm_backend(tmp_path):
-    """``embodied-rl train --config-name grpo_llm rollout.backend=vllm`` on 2 CPU workers."""
+def _grpo_llm_steps(tmp_path, *overrides):
+    """Run 3 steps of ``grpo_llm`` with the vLLM backend; returns the metric lines."""
     from embodied_rl.runtime.config import compose
     from embodied_rl.runtime.launcher import launch
 
-    overrides = [
-        "rollout.backend=vllm",
-        "trainer.total_steps=3",
-        "trainer.checkpoint_every=0",
-        "data.batch_size=8",
-        f"run_dir={tmp_path}",
-    ]
-    result = launch(compose("grpo_llm", overrides), show_progress=False)
-    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    common = ["rollout.backend=vllm", "trainer.total_steps=3", "trainer.checkpoint_every=0"]
+    cfg = compose("grpo_llm", [*common, "data.batch_size=8", f"run_dir={tmp_path}", *overrides])
+    run_dir = launch(cfg, show_progress=False).run_dir
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines:
-        # Weights are pushed before every rollout (the optimizer stepped in between) ...
+        # Weights are pushed before every rollout (the optimizer stepped in between).
         assert m["time/rollout/weight_sync"] > 0
-        # ... so the engine samples from exactly the trainer's distribution.
-        assert m["rollout/logprob_mismatch"] < 1e-3, m
         assert 0.0 <= m["reward/mean"] <= 1.0
         assert torch.isfinite(torch.tensor(m["loss/policy"]))
     assert lines[0]["time/rollout/engine_start"] > 0
+    return lines
+
+
+@pytest.mark.ray
+def test_grpo_llm_trains_with_the_vllm_backend(tmp_path):
+    """``embodied-rl train --config-name grpo_llm rollout.backend=vllm`` on 2 CPU workers."""
+    for m in _grpo_llm_steps(tmp_path):
+        # float32 on both sides: the engine samples from exactly the trainer's distribution.
+        assert m["rollout/logprob_mismatch"] < 1e-3, m
 
 
 @pytest.mark.gpu
 @pytest.mark.ray
 def test_grpo_llm_on_cuda_with_vllm_sleeping_between_rollouts(tmp_path):
-    """The same run on one GPU: FSDP2 trainer and a vLLM engine sharing the device."""
-    from embodied_rl.runtime.config import compose
-    from embodied_rl.runtime.launcher import launch
-
-    overrides = [
-        "device=cuda",
-        "workers.num_workers=1",
-        "rollout.backend=vllm",
-        "rollout.vllm.sleep=on",
-        "trainer.total_steps=3",
-        "trainer.checkpoint_every=0",
-        "data.batch_size=8",
-        f"run_dir={tmp_path}",
-    ]
-    result = launch(compose("grpo_llm", overrides), show_progress=False)
-    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1, 2]
+    """The same run on one GPU: FSDP2 trainer and a bf16 vLLM engine sharing the device."""
+    lines = _grpo_llm_steps(
+        tmp_path, "device=cuda", "workers.num_workers=1", "rollout.vllm.sleep=on"
+    )
     for m in lines:
-        assert m["time/rollout/weight_sync"] > 0
-        # float32 weights on both sides; GPU kernels (and TF32) differ more than CPU ones.
-        assert m["rollout/logprob_mismatch"] < 1e-2, m
-        assert torch.isfinite(torch.tensor(m["loss/policy"]))
+        # bf16 engine against the trainer's bf16-compute forward: rounding-level differences.
+        assert m["rollout/logprob_mismatch"] < 5e-2, m
