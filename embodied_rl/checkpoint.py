@@ -18,6 +18,12 @@ Protocol (the caller owns the barrier, so this module needs no process group):
 A crash at any point leaves either no ``step_000010`` or a complete one. :func:`latest_checkpoint`
 returns the newest checkpoint whose manifest verifies and skips (with a warning) corrupt ones.
 
+A value that only one rank holds (the full state of an FSDP-sharded model, kept by the first
+rank of its group) is written by that rank; the others write :func:`shard_reference` in its
+place, and :func:`load_rank_shard` replaces each reference by the value at the same place in the
+named rank's shard, so every rank loads the full value (checkpoints need a file system that
+every rank reads, as ``finalize`` already does).
+
 Shards are loaded with ``torch.load(weights_only=True)``, so a shard may contain only tensors
 and plain Python values: dicts, lists, tuples, str, int, float, bool, None (plus torch dtypes,
 devices and sizes). :func:`write_rank_shard` checks this before writing, so a bad state fails
@@ -48,6 +54,40 @@ _FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _HASH_CHUNK = 1 << 22
 _SAFE_LEAVES = (torch.Tensor, str, bytes, int, float, bool, type(None), torch.dtype, torch.device)
+
+
+_REFERENCE = "__in_shard_of_rank__"
+
+
+def shard_reference(rank: int) -> dict[str, int]:
+    """A placeholder for a value that rank ``rank``'s shard holds at the same place."""
+    return {_REFERENCE: int(rank)}
+
+
+def _reference_rank(value: Any) -> int | None:
+    if isinstance(value, Mapping) and set(value) == {_REFERENCE}:
+        return int(value[_REFERENCE])
+    return None
+
+
+def _resolve_references(state: Any, load_shard: Any, path: tuple[Any, ...] = ()) -> Any:
+    """``state`` with every :func:`shard_reference` replaced from the shard it names.
+
+    Args:
+        load_shard: ``rank -> that rank's loaded shard`` (cached by the caller).
+        path: the keys leading to ``state`` from the shard's root.
+    """
+    rank = _reference_rank(state)
+    if rank is not None:
+        value: Any = load_shard(rank)
+        for key in path:
+            value = value[key]
+        if _reference_rank(value) is not None:
+            raise ValueError(f"shard of rank {rank} holds a reference at {list(path)}, not data")
+        return value
+    if isinstance(state, dict):
+        return {k: _resolve_references(v, load_shard, (*path, k)) for k, v in state.items()}
+    return state
 
 
 def step_dir_name(step: int) -> str:
@@ -298,10 +338,23 @@ def load_rank_shard(
             f"checkpoint {ckpt_dir} was written by world_size={saved} ranks but this run has "
             f"world_size={world_size}; resume with {saved} workers or start a fresh run"
         )
+    shards: dict[int, dict[str, Any]] = {}
+
+    def load_shard(r: int) -> dict[str, Any]:
+        if r not in shards:
+            shards[r] = _load_verified_shard(ckpt_dir, manifest, r, map_location)
+        return shards[r]
+
+    return _resolve_references(load_shard(rank), load_shard)
+
+
+def _load_verified_shard(
+    ckpt_dir: Path, manifest: Mapping[str, Any], rank: int, map_location: Any
+) -> dict[str, Any]:
     name = shard_name(rank)
     if name not in manifest["files"]:
         raise ValueError(f"checkpoint {ckpt_dir} has no shard for rank {rank}")
-    # Each rank re-checks only its own shard, so the check is spread over the ranks.
+    # Each rank re-checks only the shards it reads, so the check is spread over the ranks.
     problem = _file_problem(ckpt_dir / name, manifest["files"][name], checksum=True)
     if problem:
         raise ValueError(f"checkpoint {ckpt_dir} is corrupt: {problem}")

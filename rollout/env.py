@@ -31,6 +31,7 @@ from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, make_batch, repeat_interleave
 from embodied_rl.registry import SIMULATORS
+from embodied_rl.runtime.fsdp import gathered_for_inference
 
 ENV_STATE = "vector_env"
 
@@ -110,8 +111,10 @@ def env_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     rows[K.SAMPLE_ID] = rows[K.SAMPLE_ID] * cfg.group_size + g
     started = time.perf_counter()
     phases = {"reset": 0.0, "step": 0.0, "policy": 0.0}  # wall seconds, summed over waves
-    with torch.random.fork_rng(devices=[]):  # reproducible sampling, also after resume
-        torch.manual_seed(ctx.seed("act"))
+    # A sharded (FSDP) policy is gathered once, so the ranks' episodes may end at different
+    # steps (and ranks may run different numbers of waves) without unmatched collectives.
+    with torch.random.fork_rng(devices=[]), gathered_for_inference(policy):
+        torch.manual_seed(ctx.seed("act"))  # reproducible sampling, also after resume
         waves = [
             _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg, phases)
             for i in range(0, n, cfg.num_envs)

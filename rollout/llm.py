@@ -21,6 +21,7 @@ from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
 from embodied_rl.devices import device_spec
+from embodied_rl.runtime.fsdp import gathered_for_inference
 from rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 BACKENDS = ("hf", "vllm")
@@ -303,10 +304,16 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("generate"))
         if cfg.backend == "vllm":
+            # Before gathering: pushing a sharded policy gathers it tensor by tensor.
             generated, engine_logprobs = _generate_vllm(ctx, policy, out, encoded, cfg)
+            with gathered_for_inference(policy):
+                _score(policy, generated, cfg)
         else:
-            generated = _generate(policy, out, cfg)
-    _score(policy, generated, cfg)
+            # A sharded (FSDP) policy is gathered once, so the ranks' generations may stop
+            # at different lengths without leaving a collective unmatched.
+            with gathered_for_inference(policy):
+                generated = _generate(policy, out, cfg)
+                _score(policy, generated, cfg)
     if cfg.backend == "vllm":
         _log_mismatch(ctx, engine_logprobs, generated)
     for key in (K.RESPONSE_IDS, K.RESPONSE_MASK, K.OLD_LOGPROBS):

@@ -27,7 +27,6 @@ from embodied_rl.algorithms.advantages import (
 from embodied_rl.algorithms.gae import clipped_value_loss, gae
 from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.batch import batch_len
 from embodied_rl.nodes.train import (
     check_max_bad_steps,
     create_bad_step_counter,
@@ -36,6 +35,7 @@ from embodied_rl.nodes.train import (
     run_updates,
 )
 from embodied_rl.runtime.context import NodeContext
+from embodied_rl.runtime.fsdp import chunked_forward
 
 REWARD_SOURCES = ("token_rewards", "last_token")
 
@@ -116,10 +116,14 @@ def critic_values_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     critic = ctx.models[cfg.model]
     was_training = critic.training
     critic.eval()
-    chunks = []
     with torch.no_grad():
-        for rows in torch.arange(batch_len(batch)).split(cfg.micro_batch_size):
-            chunks.append(critic_token_values(critic, batch[rows], cfg.inputs).float())
+        chunks = chunked_forward(
+            ctx,
+            critic,
+            batch,
+            cfg.micro_batch_size,
+            lambda rows: critic_token_values(critic, rows, cfg.inputs).float(),
+        )
     critic.train(was_training)
     mask = batch[K.RESPONSE_MASK]
     values = torch.cat(chunks) if chunks else torch.zeros(mask.shape)

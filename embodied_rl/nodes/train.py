@@ -30,6 +30,13 @@ from embodied_rl.algorithms.losses import (
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
 from embodied_rl.runtime.context import NodeContext
+from embodied_rl.runtime.fsdp import (
+    chunked_forward,
+    discarded_metrics,
+    filler_rows,
+    fsdp_pass_count,
+    is_fsdp,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +81,14 @@ def ref_logprobs_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """REF_LOGPROBS (B, R) of the frozen reference policy."""
     cfg: RefLogprobConfig = ctx.node_config
     policy = ctx.models[cfg.model]
-    chunks = []
     with torch.no_grad():
-        for rows in torch.arange(batch_len(batch)).split(max(cfg.micro_batch_size, 1)):
-            chunks.append(policy.evaluate(batch[rows], cfg.temperature)[0])
+        chunks = chunked_forward(
+            ctx,
+            policy,
+            batch,
+            max(cfg.micro_batch_size, 1),
+            lambda rows: policy.evaluate(rows, cfg.temperature)[0],
+        )
     width = batch[K.RESPONSE_MASK].shape[-1]
     batch[K.REF_LOGPROBS] = torch.cat(chunks) if chunks else torch.zeros(0, width)
     return batch
@@ -211,6 +222,7 @@ def mini_batch_update(
     mini: TensorDict,
     micro_batch_size: int,
     micro_loss: Callable[[TensorDict], torch.Tensor],
+    filler: TensorDict | None = None,
 ) -> tuple[float, bool]:
     """One optimizer update of ``ctx.models[model_name]`` on this rank's mini-batch.
 
@@ -220,6 +232,8 @@ def mini_batch_update(
     Args:
         mini: this rank's rows of the mini-batch (may be empty).
         micro_loss: a micro-batch's share of the global mini-batch loss (a scalar).
+        filler: a row for the zero-weight passes an FSDP model needs when this rank has
+            fewer micro-batches than another (default: :func:`filler_rows` of ``mini``).
 
     Returns:
         (global gradient norm before clipping, whether the update was skipped).
@@ -228,10 +242,18 @@ def mini_batch_update(
     optimizer = ctx.models.optimizer(model_name)
     optimizer.zero_grad(set_to_none=False)
     loss_finite = True
-    for micro_rows in torch.arange(batch_len(mini)).split(micro_batch_size):
+    micro_batches = torch.arange(batch_len(mini)).split(micro_batch_size)
+    # FSDP: agree on the pass count first (every pass is a collective), then run as many
+    # forward/backward passes as the busiest dp rank; a zero-weight loss adds nothing to the
+    # gradients (and its metrics are dropped).
+    passes = fsdp_pass_count(ctx, model, len(micro_batches))
+    for micro_rows in micro_batches:
         loss = micro_loss(mini[micro_rows])
         loss.backward()
         loss_finite = loss_finite and bool(torch.isfinite(loss))
+    with discarded_metrics(ctx):
+        for _ in range(passes - len(micro_batches)):
+            (micro_loss(filler if filler is not None else filler_rows(mini)) * 0.0).backward()
     return guarded_step(ctx, model, optimizer, ctx.models.grad_clip(model_name), loss_finite)
 
 
@@ -347,12 +369,14 @@ def run_updates(
     after ``cfg.max_bad_steps`` in a row). Returns the number of skipped updates.
     """
     skipped = 0
+    # The row of an FSDP model's zero-weight passes (see mini_batch_update); DDP needs none.
+    filler = filler_rows(batch) if is_fsdp(ctx.models[cfg.model]) else None
     for _ in range(cfg.ppo_epochs):
         for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
             mini = batch[rows]
             loss = loss_for(global_counts(ctx, mini))
             grad_norm, was_skipped = mini_batch_update(
-                ctx, cfg.model, mini, cfg.micro_batch_size, loss
+                ctx, cfg.model, mini, cfg.micro_batch_size, loss, filler
             )
             skipped += was_skipped
             if not was_skipped:
@@ -428,10 +452,12 @@ def sync_and_clip(
     max_norm: float | None,
     loss_finite: bool = True,
 ) -> tuple[float, int]:
-    """Sum gradients over the dp group in one flat all-reduce, then clip.
+    """Sum gradients over the dp group, then clip (DDP: one flat all-reduce).
 
     This rank's non-finite-loss flag rides in the same all-reduce as one extra element, so
-    every rank learns how many ranks had a non-finite loss without another collective.
+    every rank learns how many ranks had a non-finite loss without another collective. An
+    FSDP model's gradients were already summed (reduce-scattered) in backward: see
+    :func:`_clip_sharded`.
 
     Returns:
         (global gradient norm before clipping, number of dp ranks whose loss was non-finite).
@@ -441,6 +467,8 @@ def sync_and_clip(
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     bad_loss_ranks = 0 if loss_finite else 1
+    if is_fsdp(model):
+        return _clip_sharded(ctx, params, max_norm, bad_loss_ranks)
     if ctx.dp_group is not None and ctx.dp_size > 1:
         flag = params[0].grad.new_full((1,), float(bad_loss_ranks))
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [flag])
@@ -452,3 +480,26 @@ def sync_and_clip(
         bad_loss_ranks = round(float(flat[-1]))
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
     return float(norm), bad_loss_ranks
+
+
+def _clip_sharded(
+    ctx: NodeContext, params: list[torch.nn.Parameter], max_norm: float | None, bad_loss: int
+) -> tuple[float, int]:
+    """Global norm and clip of FSDP gradient shards (DTensors, Shard(0) over the dp group).
+
+    The shards are disjoint, so the squared norm is the sum over ranks of the local shards'
+    squared norms: one 2-element all-reduce ``[sum of squares, bad-loss flag]`` on the device.
+    This rather than ``clip_grad_norm_`` on DTensors, whose reduction would run on the
+    shards' device, i.e. on the CPU under ``cpu_offload`` where NCCL/HCCL cannot reduce.
+    """
+    local = [p.grad.to_local() for p in params]
+    squares = torch.stack([g.detach().float().pow(2).sum().to(ctx.device) for g in local]).sum()
+    flag = torch.tensor(float(bad_loss), device=ctx.device)
+    summed = ctx.all_reduce_sum(torch.stack([squares, flag]))
+    norm = float(summed[0].sqrt())
+    if max_norm and math.isfinite(norm):
+        coef = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            for grad in local:
+                grad.mul_(coef)
+    return norm, round(float(summed[1]))

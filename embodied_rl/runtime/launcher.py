@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from embodied_rl.devices import bundle, device_spec
+from embodied_rl.devices import actor_options, bundle, device_spec
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime.config import section, validate_config
 
@@ -144,9 +144,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
             actors.append(
                 actor_cls.options(
-                    num_cpus=workers_cfg.cpus_per_worker,
-                    num_gpus=1 if spec.type == "cuda" else 0,
-                    resources={"NPU": 1} if spec.type == "npu" else None,
+                    **actor_options(spec, workers_cfg.cpus_per_worker),
                     scheduling_strategy=strategy,
                     max_concurrency=2,  # status() answers while run() works
                 ).remote(plain_cfg, rank, n, str(run_dir), mode)

@@ -31,7 +31,7 @@ from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
-from embodied_rl.runtime.models import ModelStore
+from embodied_rl.runtime.models import ModelStore, model_uses
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,8 @@ class DAGWorker:
         )
         # new_group must be called by every rank for every group, in the same order.
         self.groups = {ranks: dist.new_group(list(ranks)) for ranks in self.group_rank_sets}
+        # FSDP models are sharded over the dp group of the nodes that use them.
+        self.models.set_uses(model_uses(list(self.dags.values())), self.groups)
         self.executors = {
             name: PlanExecutor(
                 name, dag, self.plans[name][self.rank], self._context, self.groups,

@@ -48,7 +48,7 @@ from embodied_rl.runtime.config import (
     load_all_plugins,
     validate_config,
 )
-from embodied_rl.runtime.models import ModelSpec, OptimizerConfig
+from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
 
 load_all_plugins({})  # the node types of every plugin, as `embodied-rl validate` sees them
 
@@ -63,7 +63,11 @@ KNOWN_NAMES = (
     TOP_LEVEL
     | OPTION_NAMES
     | {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-    | {f.name for cls in (ModelSpec, OptimizerConfig) for f in dataclasses.fields(cls)}
+    | {
+        f.name
+        for cls in (ModelSpec, OptimizerConfig, ParallelConfig)
+        for f in dataclasses.fields(cls)
+    }
     | set(NODE_FIELDS)
     | set(PARALLEL_FIELDS)
     | {"nodes"}
@@ -298,7 +302,7 @@ def _wrong_values(hint: Any) -> st.SearchStrategy:
     allowed = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
     origins = {typing.get_origin(a) for a in allowed}
     choices = []
-    if dict not in origins:
+    if dict not in origins and not dataclasses.is_dataclass(hint):  # a nested block is a dict
         choices.append(st.dictionaries(KEYS, SCALARS, min_size=1, max_size=2))
     if not {list, tuple} & origins:
         choices.append(st.lists(st.integers(), min_size=1, max_size=2))
@@ -440,7 +444,8 @@ def test_the_validate_command_answers_bad_overrides_with_an_error_line(data, nam
         ),
         (
             ["+models.actor.dtype=float32"],
-            "unknown key models.actor.dtype. Fix: use only the valid keys ['policy', 'options', 'trainable', 'optimizer']",
+            "unknown key models.actor.dtype. Fix: use only the valid keys ['policy', 'options', "
+            "'trainable', 'optimizer', 'parallel']",
         ),
         (["+eval.evry=2"], "unknown key eval.evry (did you mean eval.every?)"),
         (["+foo=1"], "unknown top-level key 'foo'"),
