@@ -23,6 +23,21 @@ def test_config_validates_through_the_cli(name, capsys):
     assert dag.nodes
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_device_is_the_only_key_to_change_for_an_accelerator(name, device):
+    """``device=cuda|npu`` validates with no other override, and only ``device`` differs
+    (the strategy, dtype, backend and Ray resource follow from it in embodied_rl/devices.py)."""
+    from omegaconf import OmegaConf
+
+    on_cpu = OmegaConf.to_container(compose(name), resolve=True)
+    moved = compose(name, [f"device={device}"])
+    validate_config(moved)
+    on_device = OmegaConf.to_container(moved, resolve=True)
+    assert on_cpu.pop("device") == "cpu" and on_device.pop("device") == device
+    assert on_device == on_cpu
+
+
 def test_every_dag_file_is_used_by_a_config():
     texts = " ".join((CONFIG_DIR / f"{name}.yaml").read_text() for name in CONFIGS)
     used = set(re.findall(r"dag:\s*([\w-]+)", texts))

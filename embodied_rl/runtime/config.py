@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from embodied_rl.dag.node_type import NodeConfigError, build_dataclass, dataclass_problems
 from embodied_rl.dag.spec import DagSpec, validate_dag
 from embodied_rl.registry import NODE_TYPES, PLUGIN_MODULES, POLICIES, load_plugins
-from embodied_rl.runtime.models import ModelSpec, OptimizerConfig
+from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -328,9 +328,11 @@ def _check_models(models: Any) -> dict[str, ModelSpec]:
                     f"{where}.{key} has the wrong type ({type(raw[key]).__name__})",
                     f"set {where}.{key} to a {wanted.__name__}",
                 )
-        problems = dataclass_problems(
-            OptimizerConfig, raw.get("optimizer") or {}, f"{where}.optimizer"
-        )
+        problems = [
+            problem
+            for block, cls in (("optimizer", OptimizerConfig), ("parallel", ParallelConfig))
+            for problem in dataclass_problems(cls, raw.get(block) or {}, f"{where}.{block}")
+        ]
         if problems:
             raise ConfigError(*problems[0])
         try:
