@@ -60,7 +60,7 @@ _REFERENCE = "__in_shard_of_rank__"
 
 
 def shard_reference(rank: int) -> dict[str, int]:
-    """A placeholder for a value that rank ``rank``'s shard holds at the same place."""
+    """Stands in for a value that rank ``rank``'s shard holds at the same place."""
     return {_REFERENCE: int(rank)}
 
 
