@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -159,8 +159,8 @@ class WeightSegment:
             nbytes = tensor.numel() * tensor.element_size()
             data = self._mapped(offset + nbytes)
             data[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
-            slots.append(tuple(vars(TensorSlot(name, _dtype_name(tensor), tuple(tensor.shape),
-                                               offset, nbytes)).values()))  # fmt: skip
+            slot = TensorSlot(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes)
+            slots.append(astuple(slot))
             offset += -(-nbytes // _ALIGN) * _ALIGN
         return slots
 
