@@ -1,0 +1,407 @@
+"""LIBERO demonstration files (HDF5): the layout, a validating reader, a writer, statistics.
+
+One file holds the demonstrations of one task, in the layout LIBERO's ``create_dataset.py``
+writes (so the same reader reads LIBERO's published ``*_demo.hdf5`` files from a local
+directory, and the files our scripted planner writes)::
+
+    data/                               attrs: env_name, problem_info (JSON: language_instruction,
+                                        problem_name, domain_name), macros_image_convention,
+                                        bddl_file_name, bddl_file_content, env_args (JSON),
+                                        num_demos, total
+    data/demo_<i>/                      attrs: num_samples, model_file, init_state
+        actions          (T, 7)         delta eef position (3), delta rotation (3), gripper
+                                        (-1 open, +1 close): the env's action convention
+        states           (T, S)         flattened MuJoCo states (optional here)
+        robot_states     (T, 9)         (optional here)
+        rewards, dones   (T,)           (optional here)
+        obs/agentview_rgb    (T, H, W, 3) uint8, camera images as MuJoCo renders them
+        obs/eye_in_hand_rgb  (T, H, W, 3) uint8
+        obs/ee_states        (T, 6)     eef position (3) + axis-angle of the eef quaternion (3)
+        obs/gripper_states   (T, 2)     the two finger joint positions
+        obs/joint_states     (T, 7)
+        obs/ee_pos, obs/ee_ori          (T, 3) each (optional here)
+
+Image orientation: ``macros_image_convention`` ``"opengl"`` (LIBERO's default) stores frames as
+MuJoCo renders them, upside down; ``"opencv"`` stores them flipped vertically. The reader
+returns frames in the simulator's observation convention (rotated by 180 degrees, see
+``simulators/libero_suites.flip_image``), so a policy sees demonstrations and rollouts alike;
+the writer takes frames in that convention and stores them as ``"opengl"``, like LIBERO.
+
+Demos we write add ``embodied_rl_init_state_id`` (the official init state the episode started
+from) to each demo's attributes and ``embodied_rl_suite`` / ``embodied_rl_task_id`` to
+``data``; LIBERO's own files have none of these and read the same.
+
+Proprio of a step, as the simulator's observation: ``ee_states`` (6) + ``gripper_states`` (2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ACTION_DIM = 7
+PROPRIO_DIM = 8
+# Required datasets of a demo and the trailing shape of each (None: any image size).
+REQUIRED: dict[str, tuple[int | None, ...]] = {
+    "actions": (ACTION_DIM,),
+    "obs/agentview_rgb": (None, None, 3),
+    "obs/eye_in_hand_rgb": (None, None, 3),
+    "obs/ee_states": (6,),
+    "obs/gripper_states": (2,),
+    "obs/joint_states": (7,),
+}
+IMAGE_KEYS = {"agentview": "obs/agentview_rgb", "wrist": "obs/eye_in_hand_rgb"}
+IMAGE_CONVENTIONS = ("opengl", "opencv")
+_DEMO_NAME = re.compile(r"^demo_(\d+)$")
+
+
+class DemoFormatError(ValueError):
+    """A demonstration file does not have the LIBERO layout; the message names the file,
+    the demo and the key."""
+
+
+def to_observation_convention(frames: np.ndarray, convention: str) -> np.ndarray:
+    """Stored frames ``(..., H, W, 3)`` -> the simulator's convention (rotated by 180 deg)."""
+    if convention == "opengl":
+        return np.ascontiguousarray(frames[..., ::-1, ::-1, :])
+    if convention == "opencv":  # already flipped vertically: a horizontal flip is left
+        return np.ascontiguousarray(frames[..., :, ::-1, :])
+    raise ValueError(
+        f"unknown image convention {convention!r}; expected one of {IMAGE_CONVENTIONS}"
+    )
+
+
+@dataclass(frozen=True)
+class DemoInfo:
+    """One demo of a file, known from its metadata only (no pixels read).
+
+    Attributes:
+        path: the HDF5 file.
+        name: ``demo_<i>``.
+        length: ``T`` steps.
+        instruction: the task's language instruction (``problem_info``).
+        image_shape: ``(H, W, 3)`` of its frames.
+        image_convention: the file's ``macros_image_convention``.
+        init_state_id: the official init state it started from, when the file says so.
+    """
+
+    path: Path
+    name: str
+    length: int
+    instruction: str
+    image_shape: tuple[int, int, int]
+    image_convention: str
+    init_state_id: int | None = None
+
+    @property
+    def source(self) -> str:
+        """``<file>:<demo>``, how messages name it."""
+        return f"{self.path}:{self.name}"
+
+
+@dataclass
+class Demo:
+    """One demonstration, read into memory in the simulator's conventions.
+
+    Attributes:
+        info: its metadata.
+        actions: ``(T, 7)`` float32 env actions.
+        proprio: ``(T, 8)`` float32, as the simulator's ``Obs.state``.
+        images: camera name (``agentview``, ``wrist``) -> ``(T, H, W, 3)`` uint8, rotated by
+            180 degrees like the simulator's observations.
+    """
+
+    info: DemoInfo
+    actions: np.ndarray
+    proprio: np.ndarray
+    images: dict[str, np.ndarray]
+
+
+def _attr_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _demo_names(path: Path, data: Any) -> list[str]:
+    names = [name for name in data.keys() if _DEMO_NAME.match(name)]
+    if not names:
+        raise DemoFormatError(
+            f"{path}: no demo_<i> groups under 'data' (found {sorted(data.keys())[:8]}); "
+            "is this a LIBERO demonstration file?"
+        )
+    return sorted(names, key=lambda n: int(_DEMO_NAME.match(n).group(1)))
+
+
+def _check_demo(path: Path, name: str, group: Any) -> int:
+    """The demo's length ``T`` after checking every required key's presence and shape."""
+    length = None
+    for key, tail in REQUIRED.items():
+        if key not in group:
+            raise DemoFormatError(
+                f"{path}: demo {name}: missing key {key!r} (a LIBERO demo has "
+                f"{', '.join(REQUIRED)})"
+            )
+        shape = tuple(group[key].shape)
+        fits = len(shape) == 1 + len(tail) and all(
+            want is None or want == got for want, got in zip(tail, shape[1:])
+        )
+        if not fits or shape[0] < 1:
+            wanted = "(T, " + ", ".join("*" if d is None else str(d) for d in tail) + ")"
+            raise DemoFormatError(
+                f"{path}: demo {name}: key {key!r} has shape {shape}, expected {wanted} with T >= 1"
+            )
+        if key.endswith("_rgb") and group[key].dtype != np.uint8:
+            raise DemoFormatError(
+                f"{path}: demo {name}: key {key!r} has dtype {group[key].dtype}, expected uint8"
+            )
+        if length is not None and shape[0] != length:
+            raise DemoFormatError(
+                f"{path}: demo {name}: key {key!r} has {shape[0]} steps, 'actions' has {length}"
+            )
+        length = shape[0]
+    return int(length)
+
+
+def _instruction(path: Path, data: Any) -> str:
+    try:
+        problem = json.loads(_attr_text(data.attrs["problem_info"]))
+        return str(problem["language_instruction"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise DemoFormatError(
+            f"{path}: data attribute 'problem_info' must be JSON with 'language_instruction' "
+            f"({type(err).__name__}: {err})"
+        ) from None
+
+
+def scan_demo_file(path: str | Path) -> list[DemoInfo]:
+    """Validate a demonstration file and list its demos (metadata only, no pixels read).
+
+    Raises:
+        DemoFormatError: naming the file, the demo and the key that is missing or misshapen.
+        FileNotFoundError: no such file.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"demonstration file {path} does not exist")
+    with h5py.File(path, "r") as f:
+        if "data" not in f:
+            raise DemoFormatError(f"{path}: no 'data' group; is this a LIBERO demonstration file?")
+        data = f["data"]
+        instruction = _instruction(path, data)
+        convention = _attr_text(data.attrs.get("macros_image_convention", "opengl"))
+        if convention not in IMAGE_CONVENTIONS:
+            raise DemoFormatError(
+                f"{path}: data attribute 'macros_image_convention' is {convention!r}, expected "
+                f"one of {IMAGE_CONVENTIONS}"
+            )
+        infos = []
+        for name in _demo_names(path, data):
+            group = data[name]
+            length = _check_demo(path, name, group)
+            init = group.attrs.get("embodied_rl_init_state_id")
+            infos.append(
+                DemoInfo(
+                    path=path,
+                    name=name,
+                    length=length,
+                    instruction=instruction,
+                    image_shape=tuple(int(d) for d in group[IMAGE_KEYS["agentview"]].shape[1:]),
+                    image_convention=convention,
+                    init_state_id=None if init is None else int(init),
+                )
+            )
+    return infos
+
+
+def find_demo_files(paths: Iterable[str | Path]) -> list[Path]:
+    """HDF5 files named by ``paths``: files as given, folders searched for ``*.hdf5``.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or nothing was found.
+    """
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            files += sorted(path.glob("*.hdf5"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"demonstration path {path} does not exist")
+    if not files:
+        raise FileNotFoundError(
+            f"no *.hdf5 demonstration files in {[str(p) for p in paths]}; generate them with "
+            "`embodied-rl demos` or point at LIBERO's demo files"
+        )
+    return files
+
+
+def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:
+    """Read one demo's actions, proprio and the frames of ``cameras`` into memory."""
+    import h5py
+
+    unknown = sorted(set(cameras) - set(IMAGE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown camera(s) {unknown}; demo files have {sorted(IMAGE_KEYS)}")
+    with h5py.File(info.path, "r") as f:
+        group = f["data"][info.name]
+        actions = np.asarray(group["actions"], dtype=np.float32)
+        proprio = np.concatenate(
+            [np.asarray(group["obs/ee_states"]), np.asarray(group["obs/gripper_states"])], axis=1
+        ).astype(np.float32)
+        images = {
+            camera: to_observation_convention(
+                np.asarray(group[IMAGE_KEYS[camera]]), info.image_convention
+            )
+            for camera in cameras
+        }
+    return Demo(info=info, actions=actions, proprio=proprio, images=images)
+
+
+# ----------------------------------------------------------------------------------- writing
+@dataclass
+class DemoEpisode:
+    """One episode to write, in the simulator's conventions (see :func:`write_demo_file`).
+
+    Attributes:
+        actions: ``(T, 7)`` env actions.
+        agentview_rgb / eye_in_hand_rgb: ``(T, H, W, 3)`` uint8 frames rotated by 180 degrees,
+            as the simulator's observations (stored un-rotated, as LIBERO does).
+        ee_states: ``(T, 6)``; gripper_states: ``(T, 2)``; joint_states: ``(T, 7)``.
+        states: ``(T, S)`` flattened MuJoCo states, or ``None``.
+        robot_states: ``(T, R)``, or ``None``.
+        model_file: the MuJoCo XML of the episode's model.
+        init_state: ``(S,)`` the flattened state the episode started from, or ``None``.
+        attrs: extra demo attributes (e.g. ``embodied_rl_init_state_id``).
+    """
+
+    actions: np.ndarray
+    agentview_rgb: np.ndarray
+    eye_in_hand_rgb: np.ndarray
+    ee_states: np.ndarray
+    gripper_states: np.ndarray
+    joint_states: np.ndarray
+    states: np.ndarray | None = None
+    robot_states: np.ndarray | None = None
+    model_file: str = ""
+    init_state: np.ndarray | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def write_demo_file(
+    path: str | Path,
+    episodes: Sequence[DemoEpisode],
+    *,
+    problem_info: Mapping[str, Any],
+    bddl_file_name: str,
+    bddl_file_content: str,
+    env_name: str,
+    env_args: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``episodes`` as a LIBERO demonstration file (atomically: temp name, then rename).
+
+    Args:
+        problem_info: ``{"problem_name", "domain_name", "language_instruction"}``.
+        attrs: extra ``data`` attributes (e.g. ``embodied_rl_suite``).
+
+    Returns:
+        The path written. The file reads back with :func:`scan_demo_file` / :func:`load_demo`.
+    """
+    import h5py
+
+    if not episodes:
+        raise ValueError("write_demo_file needs at least one episode")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    with h5py.File(partial, "w") as f:
+        data = f.create_group("data")
+        data.attrs["env_name"] = env_name
+        data.attrs["problem_info"] = json.dumps(dict(problem_info))
+        data.attrs["macros_image_convention"] = "opengl"
+        data.attrs["bddl_file_name"] = bddl_file_name
+        data.attrs["bddl_file_content"] = bddl_file_content
+        data.attrs["env_args"] = json.dumps(dict(env_args))
+        for key, value in (attrs or {}).items():
+            data.attrs[key] = value
+        for i, episode in enumerate(episodes):
+            _write_episode(data.create_group(f"demo_{i}"), episode)
+        data.attrs["num_demos"] = len(episodes)
+        data.attrs["total"] = int(sum(len(e.actions) for e in episodes))
+    partial.replace(path)
+    scan_demo_file(path)  # what we wrote must read back
+    return path
+
+
+def _write_episode(group: Any, episode: DemoEpisode) -> None:
+    length = len(episode.actions)
+    obs = group.create_group("obs")
+    for name in ("agentview_rgb", "eye_in_hand_rgb"):
+        frames = np.asarray(getattr(episode, name), dtype=np.uint8)
+        obs.create_dataset(name, data=np.ascontiguousarray(frames[:, ::-1, ::-1]))  # opengl
+    ee_states = np.asarray(episode.ee_states, dtype=np.float64)
+    obs.create_dataset("ee_states", data=ee_states)
+    obs.create_dataset("ee_pos", data=ee_states[:, :3])
+    obs.create_dataset("ee_ori", data=ee_states[:, 3:])
+    obs.create_dataset("gripper_states", data=np.asarray(episode.gripper_states, np.float64))
+    obs.create_dataset("joint_states", data=np.asarray(episode.joint_states, np.float64))
+    group.create_dataset("actions", data=np.asarray(episode.actions, np.float64))
+    if episode.states is not None:
+        group.create_dataset("states", data=np.asarray(episode.states, np.float64))
+    if episode.robot_states is not None:
+        group.create_dataset("robot_states", data=np.asarray(episode.robot_states, np.float64))
+    ends = np.zeros(length, np.uint8)
+    ends[-1] = 1  # LIBERO keeps successful demos only: reward and done on the last step
+    group.create_dataset("rewards", data=ends)
+    group.create_dataset("dones", data=ends.copy())
+    group.attrs["num_samples"] = length
+    group.attrs["model_file"] = episode.model_file
+    if episode.init_state is not None:
+        group.attrs["init_state"] = np.asarray(episode.init_state, np.float64)
+    for key, value in episode.attrs.items():
+        group.attrs[key] = value
+
+
+# -------------------------------------------------------------------------------- statistics
+def dataset_statistics(actions: Sequence[np.ndarray], proprio: Sequence[np.ndarray]) -> dict:
+    """Normalisation statistics of demonstrations, in OpenVLA's ``norm_stats`` entry format.
+
+    Actions use BOUNDS_Q99 on every dimension but the gripper (``mask`` False: the gripper
+    is already -1/+1); proprio on every dimension.
+
+    Args:
+        actions: per demo ``(T_i, 7)``; proprio: per demo ``(T_i, 8)``.
+
+    Returns:
+        ``{"action": {...}, "proprio": {...}, "num_transitions", "num_trajectories"}`` where
+        each entry has ``mean, std, min, max, q01, q99, mask`` as lists of floats.
+    """
+    all_actions = np.concatenate([np.asarray(a, np.float64) for a in actions])
+    all_proprio = np.concatenate([np.asarray(p, np.float64) for p in proprio])
+    action_mask = [True] * (ACTION_DIM - 1) + [False]
+    return {
+        "action": _stats(all_actions, action_mask),
+        "proprio": _stats(all_proprio, [True] * all_proprio.shape[1]),
+        "num_transitions": int(len(all_actions)),
+        "num_trajectories": len(actions),
+    }
+
+
+def _stats(values: np.ndarray, mask: list[bool]) -> dict[str, list]:
+    return {
+        "mean": values.mean(0).tolist(),
+        "std": values.std(0).tolist(),
+        "min": values.min(0).tolist(),
+        "max": values.max(0).tolist(),
+        "q01": np.quantile(values, 0.01, axis=0).tolist(),
+        "q99": np.quantile(values, 0.99, axis=0).tolist(),
+        "mask": list(mask),
+    }
