@@ -9,15 +9,21 @@ process and any scene: the seed drives the scene layout (fixture placement) that
 state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
 
 - ``reset_mode: soft`` (default) resets the built scene in place: about 6 ms, then the init
-  state and the settle steps (about 0.15-0.3 s). The result is bit for bit a hard reset's
-  (see :mod:`simulators.libero_scene`). ``hard`` rebuilds the MuJoCo model for every episode
-  as robosuite's default reset does (1.5-3 s); it remains for comparisons.
+  state and the settle steps (0.2-0.45 s per env on 2 busy cores, mostly the settle steps'
+  physics). The result is bit for bit a hard reset's (see :mod:`simulators.libero_scene`).
+  ``hard`` rebuilds the MuJoCo model for every episode as robosuite's default reset does
+  (about 1 s more per env here; 2-3 s with the GL context robosuite rebuilds too); it
+  remains for comparisons.
 - Built scenes are kept: the vector env holds at most ``num_envs * max_cached_tasks`` of
   them, by task, and a reset gives env ``i`` an idle scene of its task when there is one,
-  builds one otherwise (2-7 s) and closes the least recently used idle scenes beyond that.
-  A scene costs about 0.4 GB of RAM, and each task in use one shared renderer (about 0.5 GB,
-  1-4 s to create, :mod:`simulators.libero_render`), so the default 1 keeps only the scenes
-  in use (a task change rebuilds). Episodes do not depend on which scene runs them.
+  builds one otherwise and closes the least recently used idle scenes beyond that. Measured
+  (libero_spatial, 2 CPU cores): the first scene of a task with its renderer 0.9 GB and
+  3.5 s (the renderer, shared by the task's scenes: :mod:`simulators.libero_render`), every
+  further scene of the task 0.27 GB and 1.3 s. 2 workers x 8 envs thus hold 16 scenes
+  (about 4.5 GB) plus a renderer per task in use; the default 1 keeps only the scenes in
+  use (a task change rebuilds), 2 would add about 4.5 GB and pays off only when tasks
+  recur within two waves (few tasks, evaluation). Episodes do not depend on which scene
+  runs them.
 
 Observations (:class:`LiberoObs`): ``image (N, H, W, 3)`` the agentview camera rotated by
 180 degrees, ``wrist_image`` the wrist camera likewise (when ``"wrist"`` is in ``cameras``),
@@ -96,7 +102,8 @@ class LiberoConfig:
         reset_mode: ``soft`` resets a built scene in place (exactly a hard reset's result,
             10-20x faster); ``hard`` rebuilds the MuJoCo model for every episode.
         max_cached_tasks: built scenes kept per env (by task, least recently used closed
-            first); 1 keeps the scenes in use only. Each costs about 0.4 GB of RAM.
+            first); 1 keeps the scenes in use only. Each costs about 0.3 GB of RAM (plus
+            0.5 GB per task for its renderer).
     """
 
     suite: str = "libero_spatial"

@@ -84,9 +84,10 @@ class ResetSnapshot:
 class LiberoScene:
     """A built LIBERO env of one task.
 
-    Building takes 2-7 s (robosuite builds the scene XML and MuJoCo compiles it, decoding
-    the textures) and about 0.4 GB of RAM. The first scene of a task in a process is given
-    no snapshot: it does one hard reset and records one (:attr:`snapshot`) for the others.
+    Building takes 1-3 s and about 0.3 GB of RAM (robosuite writes the scene XML, MuJoCo
+    compiles it and decodes its textures). The first scene of a task in a process is given
+    no snapshot: it does one hard reset more and records one (:attr:`snapshot`) for the
+    others.
 
     Args:
         api: the LIBERO entry points.

@@ -277,6 +277,7 @@ def test_process_pool_gives_the_in_process_episode(env):
         assert pool.task_descriptions == ["open the middle drawer of the cabinet"] * 2
         stepped = pool.step(actions)
         chunked = pool.step_chunk(chunk)  # one message per process
+        check_vector_env(pool, num_steps=3, full_episode=False)
     finally:
         pool.close()
     expected = env.reset([TASK], [INIT])
