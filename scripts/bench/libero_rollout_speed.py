@@ -23,7 +23,10 @@ tasks changing between calls as they do between training steps (libero_spatial t
 Each mode starts from nothing built (the first call builds every env: as in a run, whose
 first steps and every task change build envs) and closes its envs afterwards; modes run one
 after the other. Env steps/s = env steps executed / wall seconds of the node's calls (resets
-and builds included; ``steps only`` leaves resets and builds out). Env steps are counted
+and builds included; ``steps only`` leaves resets and builds out). On a machine shared with
+other jobs the wall time of modes run minutes apart drifts with the load, so the CPU seconds
+of this process (all its threads: envs, renderer, policy) are reported too, and env steps
+per CPU second is the load-robust comparison. Env steps are counted
 from the episodes' lengths: ``STEP_MASK`` policy steps x the chunk, which is exact here
 because no episode of a random policy succeeds (checked).
 
@@ -32,10 +35,11 @@ resets are exact); the table says whether whole trajectories (states, images, ac
 identical too (they should be: same policy, seed and observations). Peak RSS is this
 process's (all envs live in it).
 
-Run (about 12 minutes on 2 cores; peak about 9 GB)::
+Run (before and after: about 12 minutes on 2 busy cores; peak about 8 GB)::
 
     .venv/bin/python scripts/bench/libero_rollout_speed.py
-    .venv/bin/python scripts/bench/libero_rollout_speed.py --policy mlp --modes before,after
+    .venv/bin/python scripts/bench/libero_rollout_speed.py --modes before,hard,after
+    .venv/bin/python scripts/bench/libero_rollout_speed.py --policy mlp
     .venv/bin/python scripts/bench/libero_rollout_speed.py --quick --out /tmp/bench_rollout
 
 Writes ``docs/benchmarks/libero_rollout_speed[_mlp].{json,png}``.
@@ -148,7 +152,7 @@ def measure(mode: str, cfg: Any, policy: Any, calls: int) -> tuple[dict[str, Any
     )
     env = build_env(mode, dict(node_cfg.simulator_options), node_cfg.num_envs)
     ctx.state["vector_env"] = env
-    outputs, phases = [], {"reset": 0.0, "simulate": 0.0, "policy": 0.0, "wall": 0.0}
+    outputs, phases = [], {"reset": 0.0, "simulate": 0.0, "policy": 0.0, "wall": 0.0, "cpu": 0.0}
     print(f"--- {mode}: {calls} calls of {node_cfg.group_size} episodes", flush=True)
     try:
         with common.PeakRss(interval=0.2) as memory:
@@ -160,9 +164,10 @@ def measure(mode: str, cfg: Any, policy: Any, calls: int) -> tuple[dict[str, Any
                         K.SAMPLE_ID: torch.tensor([call]),
                     }
                 )
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 outputs.append(node.fn(ctx, batch))
                 phases["wall"] += time.perf_counter() - started
+                phases["cpu"] += time.process_time() - cpu  # all threads of this process
                 metrics = sink.pop()
                 for phase in ("reset", "simulate", "policy"):
                     phases[phase] += metrics[f"time/rollout/{phase}"][0]
@@ -190,8 +195,10 @@ def summarize(mode: str, outputs: list, phases: dict, peak_mb: float, chunk: int
         "reset_s": phases["reset"],  # builds included (env.reset builds scenes)
         "step_s": steps_s,
         "policy_s": phases["policy"],
+        "cpu_s": phases["cpu"],
         "env_steps_per_s": env_steps / phases["wall"],
         "steps_only_per_s": env_steps / steps_s,
+        "env_steps_per_cpu_s": env_steps / phases["cpu"],
         "peak_rss_gb": peak_mb / 1024,
     }
 
@@ -222,11 +229,17 @@ def compare(outputs: dict[str, list]) -> dict[str, dict[str, Any]]:
 
 
 def plot(rows: list[dict[str, Any]], title: str, name: str, out_dir: Path) -> None:
-    fig, (rates, parts) = common.new_figure(ncols=2, width=5.0, height=3.8)
-    labels = [r["mode"] for r in rows]
-    rates.bar(labels, [r["env_steps_per_s"] for r in rows], color="C0", label="whole rollout")
-    rates.bar(labels, [r["steps_only_per_s"] for r in rows], color="C1", alpha=0.4,
-              label="steps only")  # fmt: skip
+    """Env steps per second (three ways) per mode; where each mode's seconds went."""
+    fig, (rates, parts) = common.new_figure(ncols=2, width=5.2, height=3.8)
+    x = np.arange(len(rows))
+    metrics = [
+        ("env_steps_per_s", "per wall second"),
+        ("steps_only_per_s", "per second of steps"),
+        ("env_steps_per_cpu_s", "per CPU second"),
+    ]
+    for i, (key, label) in enumerate(metrics):
+        rates.bar(x + (i - 1) * 0.27, [r[key] for r in rows], width=0.27, label=label)
+    rates.set_xticks(x, [r["mode"] for r in rows])
     rates.set_ylabel("env steps / s")
     rates.set_title(title, fontsize=9)
     rates.legend(fontsize=8)
@@ -235,9 +248,10 @@ def plot(rows: list[dict[str, Any]], title: str, name: str, out_dir: Path) -> No
         [("reset_s", "reset + build"), ("step_s", "step + render"), ("policy_s", "policy")]
     ):
         heights = np.array([r[part] for r in rows])
-        parts.bar(labels, heights, bottom=bottom, color=f"C{i + 2}", label=label)
+        parts.bar(x, heights, bottom=bottom, color=f"C{i + 3}", label=label)
         bottom += heights
-    parts.set_ylabel("seconds (all calls)")
+    parts.set_xticks(x, [r["mode"] for r in rows])
+    parts.set_ylabel("wall seconds (all calls)")
     parts.legend(fontsize=8)
     common.save_figure(fig, name, out_dir)
 
@@ -245,7 +259,9 @@ def plot(rows: list[dict[str, Any]], title: str, name: str, out_dir: Path) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", choices=sorted(POLICY_OVERRIDES), default="openvla_oft")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, first = base")
+    parser.add_argument(
+        "--modes", default="before,after", help=f"comma-separated from {MODES}, first = base"
+    )
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--env-steps", type=int, default=160)
     parser.add_argument("--group", type=int, default=8, help="group_size = num_envs")
@@ -271,10 +287,11 @@ def main() -> None:
     checks = compare(outputs)
     for row in rows:
         row["speedup"] = row["env_steps_per_s"] / rows[0]["env_steps_per_s"]
+        row["cpu_speedup"] = row["env_steps_per_cpu_s"] / rows[0]["env_steps_per_cpu_s"]
         row["trajectories_equal"] = checks.get(row["mode"], {}).get("trajectories_equal", "-")
-    columns = ["mode", "env_steps", "wall_s", "reset_s", "step_s", "policy_s",
-               "env_steps_per_s", "steps_only_per_s", "speedup", "peak_rss_gb",
-               "trajectories_equal"]  # fmt: skip
+    columns = ["mode", "env_steps", "wall_s", "reset_s", "step_s", "policy_s", "cpu_s",
+               "env_steps_per_s", "steps_only_per_s", "speedup", "env_steps_per_cpu_s",
+               "cpu_speedup", "peak_rss_gb", "trajectories_equal"]  # fmt: skip
     table = common.print_table(rows, columns)
     name = NAME if args.policy == "openvla_oft" else f"{NAME}_{args.policy}"
     settings = {
