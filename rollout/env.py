@@ -4,13 +4,15 @@ The policy is used through ``embodied_rl.interfaces.EmbodiedPolicy`` (``act``), 
 through the simulators' registry: nothing here imports ``policies`` or ``simulators``.
 
 Shapes: ``N`` episodes (input rows x ``group_size``), ``T`` policy steps (``max_steps``;
-a policy step executes a chunk of ``C`` env actions), ``K`` action tokens per policy step.
+a policy step executes a chunk of ``C`` env actions, sent to the env as one
+``step_chunk``, so a simulator that renders draws one observation per policy step, not
+``C``), ``K`` action tokens per policy step.
 A step is valid (``STEP_MASK`` 1) when the episode had not ended before it; the trainer's
 ``RESPONSE_MASK``/``OLD_LOGPROBS`` are these flattened to ``(N, T*K)`` step-major.
 
 Besides the rollout metrics, each call logs where its wall time went, in seconds, max over
 ranks like the executor's ``time/<node id>`` for the whole call: ``time/<node id>/simulate``
-(``env.reset``, ``env.step`` and ``env.render``), of which ``time/<node id>/reset`` in
+(``env.reset``, ``env.step_chunk`` and ``env.render``), of which ``time/<node id>/reset`` in
 ``env.reset``, and ``time/<node id>/policy`` (``policy.act``); the rest of the call is
 bookkeeping (copies, assembly).
 """
@@ -51,8 +53,9 @@ class EnvRolloutConfig:
         temperature / do_sample: sampling of the policy's actions.
         keep_frames: store FRAMES (B, T', H, W, 3) for the video encoder and videos: the
             observation images when the env returns them, else ``render()`` frames.
-        frame_stride: with rendered frames, render every ``frame_stride``-th policy step
-            (``T' = ceil(T / stride)``; FRAME_COUNT holds each episode's valid frames).
+        frame_stride: keep the frame of every ``frame_stride``-th policy step, 0, k, 2k...
+            (``T' = ceil(T / stride)``; FRAME_COUNT holds each episode's valid frames);
+            rendered frames are only rendered at those steps.
     """
 
     model: str = "actor"
@@ -141,7 +144,7 @@ def _run_wave(
 ) -> dict[str, Any]:
     """Roll out up to ``num_envs`` episodes together; pads the wave to all envs.
 
-    Adds the seconds spent in ``env.reset``, in ``env.step``/``env.render`` and in
+    Adds the seconds spent in ``env.reset``, in ``env.step_chunk``/``env.render`` and in
     ``policy.act`` to ``phases["reset"]``, ``["step"]`` and ``["policy"]``.
     """
     tasks, inits = rows[K.TASK_ID], rows[K.INIT_STATE_ID]
@@ -178,9 +181,8 @@ def _run_wave(
         record["raw"].append(None if act.raw_actions is None else act.raw_actions[:count])
         record["logprobs"].append(act.logprobs[:count])
         with _timed(phases, "step"):
-            for chunk_step in range(act.actions.shape[1]):
-                result = env.step(act.actions[:, chunk_step])
-                obs, done, success = result.obs, done | result.done, success | result.success
+            result = env.step_chunk(act.actions)  # (num_envs, C, A): C env steps
+            obs, done, success = result.obs, done | result.done, success | result.success
         if done[:count].all():
             break
     record["success"] = success[:count]
@@ -217,14 +219,16 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
     }
     if waves[0]["image"][0] is not None:
         fields[K.OBS_IMAGE] = cat("image")
-        if cfg.keep_frames:
-            fields[K.FRAMES] = fields[K.OBS_IMAGE]  # the same tensor: no copy
-            fields[K.FRAME_COUNT] = fields[K.FINISH_STEP] + 1
-    elif cfg.keep_frames:  # rendered every frame_stride-th step
-        width = -(-horizon // cfg.frame_stride)
-        fields[K.FRAMES] = torch.cat([_stack(w["frames"], width) for w in waves])
+    if cfg.keep_frames:  # the frames of steps 0, stride, 2 * stride, ...
+        stride = cfg.frame_stride
+        if K.OBS_IMAGE in fields:  # stride 1: the same tensor, no copy
+            frames = fields[K.OBS_IMAGE]
+            fields[K.FRAMES] = frames if stride == 1 else frames[:, ::stride].contiguous()
+        else:  # rendered at those steps only
+            width = -(-horizon // stride)
+            fields[K.FRAMES] = torch.cat([_stack(w["frames"], width) for w in waves])
         # Frame j shows step j*stride: the valid ones are those taken at or before FINISH_STEP.
-        fields[K.FRAME_COUNT] = fields[K.FINISH_STEP] // cfg.frame_stride + 1
+        fields[K.FRAME_COUNT] = fields[K.FINISH_STEP] // stride + 1
     if waves[0]["tokens"][0] is not None:
         fields[K.ACTION_TOKENS] = cat("tokens").long()
     if waves[0]["raw"][0] is not None:

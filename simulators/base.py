@@ -9,6 +9,11 @@ envs but shaped for robot-policy rollouts:
 - ``step(actions)`` advances every env that is not done. An env that finished (success or
   ``max_steps``) stays done until the next reset: its later actions are ignored, its
   observation stays the final one, its reward is 0 and ``done``/``success`` keep their value;
+- ``step_chunk(actions)`` applies a chunk of ``C`` actions per env (a policy's action chunk)
+  and returns what ``C`` calls of ``step`` would have returned last, with the chunk's rewards
+  summed. The default loops ``step``; a simulator whose observations are costly (rendering)
+  overrides it to observe once per chunk. An env that finishes mid-chunk skips the rest of
+  its chunk and keeps the observation of its final step (the latch above);
 - ``task_descriptions`` holds one instruction per env ("reach the red target"), set by reset;
 - ``render()`` returns frames for videos, ``close()`` frees processes and GL contexts.
 
@@ -138,6 +143,22 @@ class VectorEnv(abc.ABC):
     def step(self, actions: np.ndarray) -> StepResult:
         """Apply ``actions`` (``(N, A)``, within the spec's bounds) to the envs not done."""
 
+    def step_chunk(self, actions: np.ndarray) -> StepResult:
+        """Apply a chunk of actions, ``(N, C, A)``: ``C`` steps of ``step``, in order.
+
+        Returns:
+            The result after the chunk: the last observations (an env that finished
+            mid-chunk keeps the one of its final step), ``reward`` summed over the chunk,
+            ``done``/``success`` after the chunk.
+        """
+        chunk = check_action_chunk(self.spec, self.num_envs, actions)
+        reward = np.zeros(self.num_envs, np.float32)
+        for c in range(chunk.shape[1]):
+            result = self.step(chunk[:, c])
+            reward += result.reward
+        result.reward = reward
+        return result
+
     @property
     @abc.abstractmethod
     def task_descriptions(self) -> list[str]:
@@ -204,6 +225,21 @@ def check_actions(spec: EnvSpec, num_envs: int, actions: np.ndarray) -> np.ndarr
         raise ValueError(
             f"actions must have shape ({num_envs}, {spec.action_dim}), got {array.shape}"
         )
+    if not np.all(np.isfinite(array)):
+        raise ValueError("actions contain NaN or inf")
+    return array
+
+
+def check_action_chunk(spec: EnvSpec, num_envs: int, actions: np.ndarray) -> np.ndarray:
+    """Validate a chunk of actions; return it as an ``(N, C, A)`` float64 array (a copy)."""
+    array = np.array(actions, dtype=np.float64)
+    if array.ndim != 3 or array.shape[0] != num_envs or array.shape[2] != spec.action_dim:
+        raise ValueError(
+            f"an action chunk must have shape ({num_envs}, C, {spec.action_dim}), "
+            f"got {array.shape}; a single step takes ({num_envs}, {spec.action_dim})"
+        )
+    if array.shape[1] < 1:
+        raise ValueError("an action chunk needs at least one step (C >= 1)")
     if not np.all(np.isfinite(array)):
         raise ValueError("actions contain NaN or inf")
     return array
@@ -308,8 +344,10 @@ def check_vector_env(
     Resets to a mix of tasks and init states, steps uniform random actions, and verifies
     shapes, dtypes and ranges of everything returned, the task descriptions, ``render()``,
     that a wrong action shape is refused, that resetting to the same ``(task, init_state)``
-    gives the same observation and that the same actions then give the same results, and
-    (``full_episode``) that every env is done after ``spec.max_steps`` steps and stays done.
+    gives the same observation and that the same actions then give the same results, that
+    ``step_chunk`` over those actions ends with the same observations and flags and the
+    summed rewards, and (``full_episode``) that every env is done after ``spec.max_steps``
+    steps and stays done.
 
     Raises:
         EnvCheckError: naming the first broken rule.
@@ -358,8 +396,47 @@ def check_vector_env(
             np.array_equal(getattr(a, k), getattr(b, k)) for k in ("reward", "done", "success")
         )
         _expect(same, f"the same actions after the same reset differ at step {t + 1}")
+    _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
     if full_episode:
         _check_full_episode(env, tasks, inits, rng)
+
+
+def _check_chunks(
+    env: VectorEnv,
+    tasks: np.ndarray,
+    inits: np.ndarray,
+    actions: np.ndarray,
+    results: list[StepResult],
+) -> None:
+    """``step_chunk`` over ``actions`` (``(T, N, A)``, in two chunks) ends where ``step`` did."""
+    spec, num_envs = env.spec, env.num_envs
+    env.reset(tasks, inits)
+    try:
+        env.step_chunk(np.zeros((num_envs, spec.action_dim), np.float32))
+    except ValueError:
+        pass
+    else:
+        raise EnvCheckError("step_chunk accepted (N, A) actions (expected ValueError)")
+    split = max(1, len(actions) // 2)
+    parts = [part for part in (actions[:split], actions[split:]) if len(part)]
+    end = 0
+    for i, part in enumerate(parts):
+        result = env.step_chunk(np.swapaxes(part, 0, 1))  # (N, C, A)
+        end += len(part)
+        where = f"step_chunk {i + 1} (steps {end - len(part) + 1}..{end})"
+        _check_step(result, spec, num_envs, where)
+        expected = results[end - 1]
+        _expect(
+            _same_obs(result.obs, expected.obs)
+            and np.array_equal(result.done, expected.done)
+            and np.array_equal(result.success, expected.success),
+            f"{where}: the observation or flags differ from {len(part)} single steps",
+        )
+        summed = np.sum([r.reward for r in results[end - len(part) : end]], axis=0)
+        _expect(
+            bool(np.allclose(result.reward, summed, rtol=1e-6, atol=1e-6)),
+            f"{where}: reward {result.reward} is not the sum of the single steps' {summed}",
+        )
 
 
 def _check_full_episode(

@@ -1,34 +1,54 @@
 """``libero``: the LIBERO benchmark (robosuite/MuJoCo) as a vector env, OpenVLA conventions.
 
-Env ``i`` holds one ``OffScreenRenderEnv`` built from its task's BDDL file. ``reset`` keeps
-that env when the task is unchanged (building one takes 3-7 s) and otherwise rebuilds it,
-then: ``env.seed(seed)``, ``env.reset()``, ``env.set_init_state(<official init state>)`` and
-``settle_steps`` no-op actions (``[0, 0, 0, 0, 0, 0, -1]``) that are not counted as episode
-steps. Seeding before *every* reset makes the same ``(task, init_state)`` give the same
-episode in any process: the seed drives the scene layout (fixture placement) that the init
+Episodes. Env ``i`` runs its episode in a built scene of its task
+(:class:`~simulators.libero_scene.LiberoScene`). A reset puts the scene at the official init
+state after ``env.seed(seed)`` and a reset of the simulation, then takes ``settle_steps``
+no-op actions (``[0, 0, 0, 0, 0, 0, -1]``) that are not counted as episode steps. Seeding
+before *every* reset makes the same ``(task, init_state)`` give the same episode in any
+process and any scene: the seed drives the scene layout (fixture placement) that the init
 state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
+
+- ``reset_mode: soft`` (default) resets the built scene in place: about 6 ms, then the init
+  state and the settle steps (0.2-0.45 s per env on 2 busy cores, mostly the settle steps'
+  physics). The result is bit for bit a hard reset's (see :mod:`simulators.libero_scene`).
+  ``hard`` rebuilds the MuJoCo model for every episode as robosuite's default reset does
+  (about 1 s more per env here; 2-3 s with the GL context robosuite rebuilds too); it
+  remains for comparisons.
+- Built scenes are kept: the vector env holds at most ``num_envs * max_cached_tasks`` of
+  them, by task, and a reset gives env ``i`` an idle scene of its task when there is one,
+  builds one otherwise and closes the least recently used idle scenes beyond that. Measured
+  (libero_spatial, 2 CPU cores): the first scene of a task with its renderer 0.9 GB and
+  3.5 s (the renderer, shared by the task's scenes: :mod:`simulators.libero_render`), every
+  further scene of the task 0.27 GB and 1.3 s. 2 workers x 8 envs thus hold 16 scenes
+  (about 4.5 GB) plus a renderer per task in use; the default 1 keeps only the scenes in
+  use (a task change rebuilds), 2 would add about 4.5 GB and pays off only when tasks
+  recur within two waves (few tasks, evaluation). Episodes do not depend on which scene
+  runs them.
 
 Observations (:class:`LiberoObs`): ``image (N, H, W, 3)`` the agentview camera rotated by
 180 degrees, ``wrist_image`` the wrist camera likewise (when ``"wrist"`` is in ``cameras``),
-``state (N, 8)`` = eef position, axis-angle of the eef quaternion, gripper finger positions.
-Actions ``(N, 7)``: delta eef position (3), delta rotation (3), gripper (-1 open, +1 close),
-as a LIBERO-fine-tuned OpenVLA outputs them after its gripper conversion; clipped to
-``[-1, 1]``. Reward 1 on the step the task succeeds (``env.check_success()``), else 0; an
-episode ends on success or after ``max_steps`` steps (per-suite default).
+``state (N, 8)`` = eef position, axis-angle of the eef quaternion, gripper finger positions;
+all as robosuite samples them in a step (after its 24th of 25 physics substeps). Actions
+``(N, 7)``: delta eef position (3), delta rotation (3), gripper (-1 open, +1 close), as a
+LIBERO-fine-tuned OpenVLA outputs them after its gripper conversion; clipped to ``[-1, 1]``.
+Reward 1 on the step the task succeeds (``env.check_success()``), else 0; an episode ends on
+success or after ``max_steps`` steps (per-suite default).
+
+Rendering sets the speed on CPUs (software rendering: a 64-128 px frame costs 2-4 times the
+physics of a step), so images are drawn only when an observation is returned: once per
+``step``, once per ``step_chunk`` (a policy's chunk of ``C`` actions: the intermediate steps
+draw nothing) and once after a reset. Only the observed ``cameras`` are drawn, at
+``image_size``, without reflections unless asked (robosuite has no option for them; they
+cost about as much as the rest of a frame). ``render()`` draws the agentview at
+``render_size`` for videos, or returns the observed image when the sizes match.
+``cameras=[]`` with ``render_size: 0`` creates no GL context at all.
 
 ``wrist_image`` is an extra field of this simulator's observations: the process pool
 (:mod:`simulators.workers`) carries ``image`` and ``state`` only.
-
-Speed on 2 CPU cores (software rendering) is set by rendering: leave ``reflections`` off
-(MuJoCo's reflective materials cost about as much as the rest of a frame; robosuite has no
-option for them, so the scene flag ``mjRND_REFLECTION`` of the offscreen context is cleared
-after each reset) and list only the cameras the policy reads; ``cameras=[]`` renders
-nothing but ``render()`` frames.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,14 +61,16 @@ from simulators.base import (
     Obs,
     StepResult,
     VectorEnv,
+    check_action_chunk,
     check_actions,
     check_reset_ids,
     config_from_options,
 )
+from simulators.libero_render import TaskRenderer
+from simulators.libero_scene import LiberoScene, ResetSnapshot
 from simulators.libero_suites import (
     ACTION_DIM,
     CAMERAS,
-    NOOP_ACTION,
     PROPRIO_DIM,
     SUITE_MAX_STEPS,
     flip_image,
@@ -56,11 +78,7 @@ from simulators.libero_suites import (
     proprio_from_obs,
 )
 
-# Headless rendering by default; must be set before mujoco is imported (a caller's choice,
-# e.g. MUJOCO_GL=osmesa, wins).
-os.environ.setdefault("MUJOCO_GL", "egl")
-
-import mujoco  # noqa: E402
+RESET_MODES = ("soft", "hard")
 
 
 @dataclass
@@ -81,6 +99,11 @@ class LiberoConfig:
         seed: ``env.seed`` before every reset (scene layout).
         render_size: side of the agentview frames ``render()`` returns (videos); 0 = cannot
             render. Equal to ``image_size`` with ``agentview`` observed, it costs nothing.
+        reset_mode: ``soft`` resets a built scene in place (exactly a hard reset's result,
+            10-20x faster); ``hard`` rebuilds the MuJoCo model for every episode.
+        max_cached_tasks: built scenes kept per env (by task, least recently used closed
+            first); 1 keeps the scenes in use only. Each costs about 0.3 GB of RAM (plus
+            0.5 GB per task for its renderer).
     """
 
     suite: str = "libero_spatial"
@@ -91,6 +114,8 @@ class LiberoConfig:
     settle_steps: int = 10
     seed: int = 0
     render_size: int = 128
+    reset_mode: str = "soft"
+    max_cached_tasks: int = 1
 
     def __post_init__(self) -> None:
         cameras = [self.cameras] if isinstance(self.cameras, str) else list(self.cameras)
@@ -112,6 +137,15 @@ class LiberoConfig:
             raise ValueError(f"libero max_steps must be >= 1 or None, got {self.max_steps}")
         if self.image_size < 1 or self.render_size < 0 or self.settle_steps < 0:
             raise ValueError("libero needs image_size >= 1, render_size >= 0, settle_steps >= 0")
+        if self.reset_mode not in RESET_MODES:
+            raise ValueError(
+                f"libero reset_mode must be one of {list(RESET_MODES)}, got {self.reset_mode!r}"
+            )
+        if self.max_cached_tasks < 1:
+            raise ValueError(
+                f"libero max_cached_tasks must be >= 1 (1 = keep the scenes in use only), "
+                f"got {self.max_cached_tasks}"
+            )
 
     @property
     def episode_steps(self) -> int:
@@ -131,11 +165,27 @@ class LiberoObs(Obs):
     wrist_image: np.ndarray | None = None
 
 
+@dataclass
+class _Built:
+    """A built scene and its task."""
+
+    task: int
+    scene: LiberoScene
+
+
+@dataclass
+class _TaskAssets:
+    """What the scenes of one task share in this process (while one of them is built)."""
+
+    snapshot: ResetSnapshot
+    renderer: TaskRenderer | None  # None: nothing to draw (no cameras, render_size 0)
+
+
 class LiberoVectorEnv(VectorEnv):
     """``num_envs`` LIBERO envs of one suite, stepped in turn in this process.
 
-    Building this loads the suite's task list and init states (fast); the robosuite envs
-    (and their GL contexts) are created by the first ``reset``, in the calling process.
+    Building this loads the suite's task list and init states (fast); scenes (and GL
+    contexts) are created by ``reset``, in the calling process.
 
     Args:
         config: the simulator options.
@@ -174,8 +224,9 @@ class LiberoVectorEnv(VectorEnv):
             num_init_states=min(len(states) for states in self._init_states),
             render_shape=(render, render, 3) if render else None,
         )
-        self._envs: list[Any] = [None] * num_envs  # OffScreenRenderEnv, built by reset
-        self._task = np.full(num_envs, -1, np.int64)  # task of each built env, -1 = none
+        self._active: list[_Built | None] = [None] * num_envs  # the scene of env i
+        self._idle: list[_Built] = []  # kept scenes, least recently used first
+        self._assets: dict[int, _TaskAssets] = {}
         self._steps = np.zeros(num_envs, np.int64)
         self._done = np.zeros(num_envs, bool)
         self._success = np.zeros(num_envs, bool)
@@ -191,11 +242,23 @@ class LiberoVectorEnv(VectorEnv):
         """The language instruction of each env's task (``task.language``)."""
         return list(self._descriptions)
 
+    def scene(self, i: int) -> LiberoScene:
+        """The built scene env ``i`` runs its episode in (after a reset): MuJoCo model/data,
+        robosuite env, for tools that read object poses (a scripted planner, tests)."""
+        built = self._active[i]
+        if built is None:
+            raise RuntimeError("libero: call reset() before scene()")
+        return built.scene
+
     def reset(self, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> LiberoObs:
         tasks, inits = check_reset_ids(self.spec, self.num_envs, task_ids, init_state_ids)
         self._was_reset = False  # a failure below leaves the batch unusable until a reset
-        for i in range(self.num_envs):
-            self._start_episode(i, int(tasks[i]), int(inits[i]))
+        self._assign_scenes([int(t) for t in tasks])
+        hard = self.config.reset_mode == "hard"
+        for i, built in enumerate(self._active):
+            init_state = self._init_states[built.task][int(inits[i])]
+            raw_obs = built.scene.reset(init_state, self.config.settle_steps, hard=hard)
+            self._store(i, raw_obs)
         self._steps[:] = 0
         self._done[:] = False
         self._success[:] = False
@@ -205,16 +268,28 @@ class LiberoVectorEnv(VectorEnv):
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Apply ``actions`` ``(N, 7)`` (clipped to ``[-1, 1]``) to the envs not done."""
+        actions = check_actions(self.spec, self.num_envs, actions)
+        return self.step_chunk(actions[:, None])
+
+    def step_chunk(self, actions: np.ndarray) -> StepResult:
+        """Apply ``C`` actions per env, ``(N, C, 7)``, drawing the observations once, after.
+
+        An env that finishes mid-chunk skips the rest of its actions and keeps the
+        observation of its final step; the reward is 1 for the chunk the task succeeds in.
+        """
         if not self._was_reset:
             raise RuntimeError("libero: call reset() before step()")
-        actions = np.clip(check_actions(self.spec, self.num_envs, actions), -1.0, 1.0)
+        chunk = np.clip(check_action_chunk(self.spec, self.num_envs, actions), -1.0, 1.0)
         reward = np.zeros(self.num_envs, np.float32)
         for i in np.flatnonzero(~self._done):
-            env = self._envs[i]
-            raw_obs, _, _, _ = env.step(actions[i].tolist())
-            self._steps[i] += 1
-            self._success[i] = bool(env.check_success())
-            self._done[i] = self._success[i] or self._steps[i] >= self.spec.max_steps
+            scene = self._active[i].scene
+            for action in chunk[i]:
+                raw_obs = scene.step(action.tolist())
+                self._steps[i] += 1
+                self._success[i] = scene.success()
+                self._done[i] = self._success[i] or self._steps[i] >= self.spec.max_steps
+                if self._done[i]:
+                    break
             reward[i] = float(self._success[i])
             self._store(i, raw_obs)
         return StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
@@ -229,63 +304,76 @@ class LiberoVectorEnv(VectorEnv):
         if self._image is not None and size == self.config.image_size:
             return self._image.copy()  # the observed frame is the requested one
         frames = [
-            env.sim.render(camera_name=CAMERAS["agentview"], width=size, height=size)
-            for env in self._envs
+            built.scene.draw_current(self._assets[built.task].renderer, CAMERAS["agentview"], size)
+            for built in self._active
         ]
         return np.stack([flip_image(frame) for frame in frames])
 
     def close(self) -> None:
-        for i, env in enumerate(self._envs):
-            if env is not None:
-                self._envs[i] = None
-                self._task[i] = -1
-                env.close()
+        for built in [b for b in self._active if b is not None] + self._idle:
+            built.scene.close()
+        self._active, self._idle = [None] * self.num_envs, []
+        self._drop_unused_assets()
         self._was_reset = False
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _start_episode(self, i: int, task: int, init: int) -> None:
-        """Put env ``i`` into ``task`` at init state ``init`` and let the scene settle."""
-        if self._envs[i] is None or self._task[i] != task:
-            if self._envs[i] is not None:
-                self._envs[i].close()
-                self._envs[i], self._task[i] = None, -1
-            self._envs[i] = self._make_env(task)
-            self._task[i] = task
-        env = self._envs[i]
-        env.seed(self.config.seed)
-        env.reset()  # rebuilds the sim and its render context
-        if not self.config.reflections:
-            _disable_reflections(env)
-        raw_obs = env.set_init_state(self._init_states[task][init])
-        for _ in range(self.config.settle_steps):
-            raw_obs, _, _, _ = env.step(list(NOOP_ACTION))
-        self._store(i, raw_obs)
+    def _assign_scenes(self, tasks: list[int]) -> None:
+        """Give env ``i`` a built scene of ``tasks[i]``: an idle one, else a new one.
 
-    def _make_env(self, task: int) -> Any:
-        """Build the ``OffScreenRenderEnv`` of ``task`` (3-7 s; creates a GL context)."""
-        info = self._tasks[task]
-        bddl = os.path.join(
-            self._api.get_libero_path("bddl_files"), info.problem_folder, info.bddl_file
-        )
-        cameras = [CAMERAS[name] for name in self.config.cameras]
-        return self._api.OffScreenRenderEnv(
-            bddl_file_name=bddl,
-            camera_names=cameras or [CAMERAS["agentview"]],
-            camera_heights=self.config.image_size,
-            camera_widths=self.config.image_size,
-            use_camera_obs=bool(cameras),
+        Idle scenes beyond ``num_envs * max_cached_tasks`` built ones are closed (least
+        recently used first) before new ones are built, so memory never exceeds that many.
+        """
+        self._idle.extend(b for b in self._active if b is not None)  # most recent last
+        self._active = [None] * self.num_envs
+        for i, task in enumerate(tasks):
+            mine = [k for k, built in enumerate(self._idle) if built.task == task]
+            if mine:
+                self._active[i] = self._idle.pop(mine[-1])
+        capacity = self.num_envs * self.config.max_cached_tasks
+        while self._idle and len(self._idle) + self.num_envs > capacity:
+            self._idle.pop(0).scene.close()
+        self._drop_unused_assets()
+        for i, task in enumerate(tasks):
+            if self._active[i] is None:
+                self._active[i] = _Built(task, self._build(task))
+
+    def _build(self, task: int) -> LiberoScene:
+        """A new scene of ``task`` (2-7 s); the task's renderer and snapshot on its first."""
+        assets = self._assets.get(task)
+        scene = LiberoScene.build(
+            self._api,
+            self._tasks[task],
             # robosuite refuses steps past its horizon: leave room for settle + episode.
             horizon=self.config.settle_steps + self.spec.max_steps,
+            seed=self.config.seed,
+            snapshot=assets.snapshot if assets is not None else None,
         )
+        if assets is None:
+            draws = bool(self.config.cameras) or self.config.render_size > 0
+            renderer = TaskRenderer(scene.model, self.config.reflections) if draws else None
+            self._assets[task] = _TaskAssets(scene.snapshot, renderer)
+        return scene
+
+    def _drop_unused_assets(self) -> None:
+        """Free the renderers (GL contexts) of tasks no built scene has anymore."""
+        kept = {b.task for b in self._active if b is not None} | {b.task for b in self._idle}
+        for task in [t for t in self._assets if t not in kept]:
+            renderer = self._assets.pop(task).renderer
+            if renderer is not None:
+                renderer.close()
 
     def _store(self, i: int, raw_obs: Mapping[str, np.ndarray]) -> None:
-        """Convert env ``i``'s raw observation into its rows of the batch arrays."""
+        """Env ``i``'s observation into its rows: proprio from ``raw_obs``, images drawn."""
         self._state[i] = proprio_from_obs(raw_obs)
-        if self._image is not None:
-            self._image[i] = flip_image(raw_obs[CAMERAS["agentview"] + "_image"])
+        if self._image is None:
+            return
+        built = self._active[i]
+        renderer, size = self._assets[built.task].renderer, self.config.image_size
+        self._image[i] = flip_image(built.scene.draw_observed(renderer, CAMERAS["agentview"], size))
         if self._wrist is not None:
-            self._wrist[i] = flip_image(raw_obs[CAMERAS["wrist"] + "_image"])
+            wrist = built.scene.draw_observed(renderer, CAMERAS["wrist"], size)
+            self._wrist[i] = flip_image(wrist)
 
     def _obs(self) -> LiberoObs:
         return LiberoObs(
@@ -293,13 +381,6 @@ class LiberoVectorEnv(VectorEnv):
             state=self._state.copy(),
             wrist_image=None if self._wrist is None else self._wrist.copy(),
         )
-
-
-def _disable_reflections(env: Any) -> None:
-    """Clear the reflection flag of the env's offscreen render context (after each reset)."""
-    context = env.sim._render_context_offscreen  # robosuite's MjSim keeps it here
-    if context is not None:
-        context.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
 
 
 def build_libero(options: Mapping[str, Any] | None, num_envs: int) -> LiberoVectorEnv:

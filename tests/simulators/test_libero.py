@@ -1,14 +1,15 @@
-"""The ``libero`` simulator against the raw LIBERO env: conventions, episode end, pool parity.
+"""The ``libero`` simulator against the raw LIBERO env: conventions, episode end, exact cheap
+resets, chunked steps, shared renderers, pool parity.
 
-LIBERO is slow on 2 CPU cores (building an env 3-7 s, a reset about 2-4 s, 5-10 steps/s
-with two cameras), so one module-scoped wrapper (libero_goal task 0, "open the middle drawer
-of the cabinet", 64 px, ``max_steps=4``) serves every test that needs a built env, and
-episodes are a handful of steps. Tests that need LIBERO are marked ``libero`` and skip when
-it is not installed.
+LIBERO is slow on 2 CPU cores (building a scene 3-7 s, a hard reset 2-4 s, a frame 30-60 ms),
+so one module-scoped wrapper (libero_goal task 0, "open the middle drawer of the cabinet",
+64 px, ``max_steps=4``) serves most tests that need a built env, and episodes are a handful
+of steps. Tests that need LIBERO are marked ``libero`` and skip when it is not installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -32,6 +33,13 @@ SIZE = 64
 OPTIONS = {"suite": "libero_goal", "image_size": SIZE, "render_size": 96, "max_steps": 4}
 TASK, INIT = 0, 3
 DRAWER_JOINT = "wooden_cabinet_1_middle_level"  # task 0 succeeds when it is < -0.14 (open)
+# Sparse-Jacobian structure arrays: scratch memory MuJoCo leaves unwritten when the Jacobian
+# is dense (asserted where they are skipped), so they hold whatever the arena held before.
+SPARSE_SCRATCH = {"efc_J_rownnz", "efc_J_rowsuper", "efc_J_colind"}
+# Actions that move the arm and close the gripper (a soft reset must undo both).
+MOVES = np.array(
+    [[0.6, -0.3, 0.4, 0.1, -0.2, 0.3, 1.0], [-0.5, 0.5, -0.2, 0.0, 0.2, -0.1, 1.0]], np.float32
+)
 
 
 def _axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -100,6 +108,10 @@ def test_config_validation_says_what_to_change():
         LiberoConfig(cameras=["wrist"])
     with pytest.raises(ValueError, match="set max_steps"):
         LiberoConfig(suite="libero_goal_swap")
+    with pytest.raises(ValueError, match=r"reset_mode must be one of \['soft', 'hard'\]"):
+        LiberoConfig(reset_mode="fast")
+    with pytest.raises(ValueError, match="max_cached_tasks must be >= 1"):
+        LiberoConfig(max_cached_tasks=0)
     with pytest.raises(ValueError, match="unknown option"):
         SIMULATORS.get("libero")({"suite": "libero_goal", "image_sise": 64}, 1)
 
@@ -184,8 +196,25 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         _assert_matches_raw(result.obs, raw_obs)
         assert result.success[0] == raw.check_success() and not result.done[0]
         assert result.reward[0] == 0.0
+        # A chunk draws its observation once, at the end: robosuite's after the last step
+        # (steps 3 and 4 of max_steps=4).
+        chunk = MOVES
+        result = env.step_chunk(chunk[None])
+        for action in chunk:
+            raw_obs, _, _, _ = raw.step(action.tolist())
+        _assert_matches_raw(result.obs, raw_obs)
     finally:
-        raw.close()
+        _close_raw(raw)
+
+
+def _close_raw(raw) -> None:
+    """Close a raw LIBERO env with its GL context current.
+
+    robosuite frees its render context's GL objects in whichever GL context is current:
+    under one of our renderers' contexts it would delete that renderer's textures.
+    """
+    raw.sim._render_context_offscreen.gl_ctx.make_current()
+    raw.close()
 
 
 def _assert_matches_raw(obs: LiberoObs, raw_obs: dict) -> None:
@@ -201,23 +230,30 @@ def _assert_matches_raw(obs: LiberoObs, raw_obs: dict) -> None:
 @requires_libero
 def test_success_ends_the_episode_and_max_steps_limits_it(env):
     env.reset([TASK], [INIT])
-    built = env._envs[0]
+    scene = env.scene(0)
     for _ in range(2):
         result = env.step(np.zeros((1, 7), np.float32))
-        assert not result.done[0] and not result.success[0] and not built.check_success()
-    built.sim.data.set_joint_qpos(DRAWER_JOINT, -0.155)  # pull the drawer open by hand
-    result = env.step(np.zeros((1, 7), np.float32))
-    assert built.check_success()
+        assert not result.done[0] and not result.success[0] and not scene.success()
+    scene.env.sim.data.set_joint_qpos(DRAWER_JOINT, -0.155)  # pull the drawer open by hand
+    started = scene.data.time
+    # Success in the chunk's first step: the other two are skipped (one control step of
+    # 0.05 s passes, not three), the reward is 1 and the episode is done.
+    result = env.step_chunk(np.array([[np.zeros(7), np.ones(7), np.ones(7)]], np.float32))
+    assert scene.success()
+    assert scene.data.time == pytest.approx(started + 0.05, abs=1e-9)
     assert result.success[0] and result.done[0] and result.reward[0] == 1.0
     latched = env.step(np.ones((1, 7), np.float32))  # done: ignored until the next reset
     assert latched.done[0] and latched.success[0] and latched.reward[0] == 0.0
     np.testing.assert_array_equal(latched.obs.state, result.obs.state)
+    np.testing.assert_array_equal(latched.obs.image, result.obs.image)
 
-    env.reset([TASK], [INIT])  # same task: the built env is kept (building takes seconds)
-    assert env._envs[0] is built
-    for t in range(1, 5):
-        result = env.step(np.zeros((1, 7), np.float32))
-        assert result.done[0] == (t == 4) and not result.success[0]  # max_steps=4
+    env.reset([TASK], [INIT])  # same task: the built scene is kept (building takes seconds)
+    assert env.scene(0) is scene and not scene.success()
+    result = env.step_chunk(np.zeros((1, 3, 7), np.float32))
+    assert not result.done[0] and result.reward[0] == 0.0
+    result = env.step_chunk(np.zeros((1, 3, 7), np.float32))  # max_steps=4: ends mid-chunk
+    assert result.done[0] and not result.success[0]
+    assert scene.env.timestep == 10 + 4  # settle steps + 4 episode steps, not 6
 
 
 @pytest.mark.libero
@@ -234,11 +270,14 @@ def test_process_pool_gives_the_in_process_episode(env):
     actions = np.array(
         [[0.5, 0.2, -0.3, 0.0, 0.1, 0.0, 1.0], [-0.6, 0.4, 0.2, 0.1, 0.0, -0.2, -1.0]], np.float32
     )
+    chunk = np.stack([actions, actions[::-1]], axis=1)  # (2 envs, 2 steps, 7)
     pool = make_vector_env("libero", OPTIONS, 2, processes=2)
     try:
         first = pool.reset([TASK, TASK], [INIT, INIT])
         assert pool.task_descriptions == ["open the middle drawer of the cabinet"] * 2
         stepped = pool.step(actions)
+        chunked = pool.step_chunk(chunk)  # one message per process
+        check_vector_env(pool, num_steps=3, full_episode=False)
     finally:
         pool.close()
     expected = env.reset([TASK], [INIT])
@@ -249,3 +288,112 @@ def test_process_pool_gives_the_in_process_episode(env):
     np.testing.assert_array_equal(stepped.obs.image[1], result.obs.image[0])
     np.testing.assert_array_equal(stepped.obs.state[1], result.obs.state[0])
     assert not np.allclose(stepped.obs.state[0], stepped.obs.state[1], atol=1e-3)
+    result = env.step_chunk(chunk[1:])
+    np.testing.assert_array_equal(chunked.obs.image[1], result.obs.image[0])
+    np.testing.assert_array_equal(chunked.obs.state[1], result.obs.state[0])
+
+
+def _arrays(struct, skip=frozenset()) -> dict[str, np.ndarray]:
+    """Copies of every array field of an ``mjData``/``mjModel`` (and ``time``)."""
+    out = {}
+    for name in dir(struct):
+        value = getattr(struct, name, None) if not name.startswith("_") else None
+        if isinstance(value, np.ndarray) and name not in skip:
+            out[name] = value.copy()
+    if hasattr(struct, "time"):
+        out["time"] = np.array(struct.time)
+    return out
+
+
+def _assert_same_arrays(got: dict, expected: dict, what: str) -> None:
+    assert got.keys() == expected.keys()
+    differ = [name for name in expected if not np.array_equal(got[name], expected[name])]
+    assert not differ, f"{what}: {differ} differ"
+
+
+def _episode(env, init: int) -> list:
+    """Reset to ``(TASK, init)`` and take MOVES: observations and every mjData array."""
+    scene_arrays = lambda: _arrays(env.scene(0).data, SPARSE_SCRATCH)  # noqa: E731
+    obs = env.reset([TASK], [init])
+    records = [(obs, scene_arrays(), _arrays(env.scene(0).model))]
+    for action in MOVES:
+        records.append((env.step(action[None]).obs, scene_arrays(), None))
+    return records
+
+
+@contextlib.contextmanager
+def _reset_mode(env, mode: str):
+    """Reset the module's env (the same built scene) the other way for a while."""
+    before, env.config.reset_mode = env.config.reset_mode, mode
+    try:
+        yield
+    finally:
+        env.config.reset_mode = before
+
+
+@pytest.mark.libero
+@requires_libero
+def test_soft_reset_is_a_hard_reset_also_after_another_episode(env):
+    with _reset_mode(env, "hard"):
+        hard = _episode(env, INIT)  # robosuite rebuilds the model
+    assert not mujoco.mj_isSparse(env.scene(0).model)  # SPARSE_SCRATCH is unused scratch
+    env.reset([TASK], [7])  # another episode: the arm moves, the gripper closes
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        env.step(np.concatenate([rng.uniform(-1, 1, (1, 6)), np.ones((1, 1))], axis=1))
+    soft = _episode(env, INIT)
+    for t, ((h_obs, h_data, h_model), (s_obs, s_data, s_model)) in enumerate(zip(hard, soft)):
+        for name in ("image", "wrist_image", "state"):
+            np.testing.assert_array_equal(getattr(s_obs, name), getattr(h_obs, name), name)
+        _assert_same_arrays(s_data, h_data, f"mjData after {t} steps")  # bit for bit
+        if h_model is not None:
+            _assert_same_arrays(s_model, h_model, "mjModel after the reset")
+    assert not np.allclose(hard[0][0].state, hard[-1][0].state, atol=1e-3)  # MOVES moved
+
+
+@pytest.mark.libero
+@requires_libero
+def test_scenes_of_a_task_share_a_renderer_and_are_kept_by_task(env):
+    expected = env.reset([TASK], [INIT])
+    expected_step = env.step(MOVES[:1]).obs
+    several = SIMULATORS.get("libero")(OPTIONS, 3)
+    try:
+        obs = several.reset([1, TASK, TASK], [INIT, INIT, INIT])
+        for row in (1, 2):  # the first scene of task 0 and one built from its snapshot
+            for name in ("image", "wrist_image", "state"):
+                np.testing.assert_array_equal(getattr(obs, name)[row], getattr(expected, name)[0])
+        assert sorted(several._assets) == [0, 1]
+        assert several.scene(1) is not several.scene(2)
+        stepped = several.step(np.repeat(MOVES[:1], 3, axis=0)).obs
+        for row in (1, 2):
+            np.testing.assert_array_equal(stepped.image[row], expected_step.image[0])
+            np.testing.assert_array_equal(stepped.state[row], expected_step.state[0])
+
+        # max_cached_tasks=1: the task-0 scenes are reused, task 1's is closed (and its
+        # renderer), one task-0 scene is built.
+        kept = {id(several.scene(1)), id(several.scene(2))}
+        again = several.reset([TASK, TASK, TASK], [INIT, INIT, INIT])
+        assert len(kept & {id(several.scene(i)) for i in range(3)}) == 2
+        assert sorted(several._assets) == [0]
+        for row in range(3):
+            np.testing.assert_array_equal(again.image[row], expected.image[0])
+    finally:
+        several.close()
+    assert several._assets == {}
+
+
+@pytest.mark.libero
+@requires_libero
+def test_each_task_is_drawn_with_its_own_gl_context(env):
+    # libero_goal tasks share one scene; a libero_spatial one has other meshes and textures.
+    options = {"suite": "libero_spatial", "image_size": SIZE, "cameras": ["agentview"]}
+    spatial = SIMULATORS.get("libero")({**options, "render_size": 0, "max_steps": 4}, 1)
+    try:
+        alone = spatial.reset([0], [0]).image  # drawn by the only GL context
+        env.reset([TASK], [INIT])  # the module env's renderer draws, so its context is current
+        np.testing.assert_array_equal(spatial.reset([0], [0]).image, alone)
+        scene, goal_renderer = spatial.scene(0), env._assets[TASK].renderer
+        wrong = scene.draw_observed(goal_renderer, "agentview", SIZE)[::-1, ::-1]
+        assert (wrong != alone[0]).mean() > 0.05  # what sharing one context across tasks gives
+    finally:
+        spatial.close()

@@ -50,6 +50,21 @@ def _episode(env, steps: int, kill_at: int | None = None, tasks=TASKS, inits=INI
     return records
 
 
+def _chunked_episode(env, chunks: int, size: int, kill_at: int | None = None) -> list:
+    """Like :func:`_episode` with ``size`` actions per ``step_chunk`` (the same noise)."""
+    rng = np.random.default_rng(1)
+    obs = env.reset(TASKS[: env.num_envs], INITS[: env.num_envs])
+    records = [(obs.state, obs.image, None, None, None)]
+    for t in range(chunks):
+        if t == kill_at:
+            os.kill(env.child_pids()[-1], signal.SIGKILL)
+        chunk = rng.uniform(-1, 1, (env.num_envs, size, 2)).astype(np.float32)
+        result = env.step_chunk(chunk)
+        obs = result.obs
+        records.append((obs.state, obs.image, result.reward, result.done, result.success))
+    return records
+
+
 def _assert_same(records, expected) -> None:
     assert len(records) == len(expected)
     for t, (got, want) in enumerate(zip(records, expected)):
@@ -101,8 +116,18 @@ def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
         assert counts == {"restarts": 1, "crashes": 1, "timeouts": 0, "errors": 0}, counts
         new_pids = env.child_pids()
         assert new_pids[0] == pids[0] and new_pids[1] != pids[1]
-        assert "crash during 'step'" in caplog.text and "re-running its 12 steps" in caplog.text
+        assert "crash during 'step_chunk'" in caplog.text
+        assert "re-running its 12 steps" in caplog.text
         np.testing.assert_array_equal(env.render(), reference.render())
+
+        # Chunks: one message per process; after a kill, the steps of the chunks received
+        # since the reset are replayed as one chunk (4 chunks x 3 = 12 steps).
+        expected = _chunked_episode(reference, chunks=8, size=3)
+        with caplog.at_level(logging.WARNING, logger="simulators.workers"):
+            _assert_same(_chunked_episode(env, chunks=8, size=3, kill_at=4), expected)
+        assert env.fault_counts()["restarts"] == 2
+        assert caplog.text.count("re-running its 12 steps") == 2
+        new_pids += env.child_pids()
     finally:
         env.close()
         reference.close()

@@ -1,0 +1,121 @@
+"""Offscreen rendering of LIBERO scenes: one GL context per task, shared by the envs of it.
+
+robosuite gives every env its own GL context and MuJoCo render context, recreated by every
+hard reset (on 2 CPU cores with software rendering: about 0.5 GB of RAM and 1-4 s each,
+mostly the scene's textures), and draws a frame with whichever GL context was made current
+last: with several envs of different tasks in one process, an env was drawn with another
+env's meshes and textures. Here the envs of one task share one :class:`TaskRenderer` (they
+are built from the same XML, so one upload of its meshes and textures serves all of them),
+and the renderer makes its own GL context current before every frame.
+
+A frame is drawn as robosuite draws its camera observations: the named fixed camera, the
+visual geom group only (robosuite's defaults ``render_visual_mesh=True``,
+``render_collision_mesh=False``), MuJoCo's default scene flags and an offscreen buffer of
+the model's ``offwidth x offheight``. So for the same model and data the pixels are the
+ones robosuite returns (tested against a raw LIBERO env). Reflections can be turned off
+(the scene flag ``mjRND_REFLECTION``; robosuite has no option for it): on software
+rendering they cost about as much as the rest of a frame.
+
+Frames come as MuJoCo gives them: ``(H, W, 3)`` uint8, bottom row first (robosuite's default
+``opengl`` image convention); the simulator rotates them for the policy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+# Headless rendering by default; must be set before mujoco is imported (a caller's choice,
+# e.g. MUJOCO_GL=osmesa, wins).
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import mujoco  # noqa: E402
+
+MAX_SCENE_GEOMS = 1000  # robosuite's MjvScene size: more geoms would be dropped from a frame
+
+
+class TaskRenderer:
+    """A GL context with one task's meshes and textures, drawing any env of that task.
+
+    Args:
+        model: the ``mujoco.MjModel`` of one env of the task (its assets are uploaded).
+        reflections: draw MuJoCo's reflective materials.
+
+    Raises:
+        RuntimeError: no GL context could be created (``MUJOCO_GL``: ``egl`` or ``osmesa``).
+    """
+
+    def __init__(self, model: mujoco.MjModel, reflections: bool) -> None:
+        # robosuite's GL context class for MUJOCO_GL (egl, osmesa or glfw): the same EGL
+        # configuration and device choice as robosuite's own rendering.
+        from robosuite.utils.binding_utils import GLContext
+
+        self._gl = GLContext(max_width=640, max_height=480, device_id=-1)
+        self._gl.make_current()
+        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        self._scene = mujoco.MjvScene(model, maxgeom=MAX_SCENE_GEOMS)
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = int(reflections)
+        self._option = mujoco.MjvOption()
+        self._option.geomgroup[0] = 0  # collision meshes off
+        self._option.geomgroup[1] = 1  # visual meshes on
+        self._perturb = mujoco.MjvPerturb()
+        self._camera = mujoco.MjvCamera()
+        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+
+    def render(
+        self, model: mujoco.MjModel, data: mujoco.MjData, camera: str, size: int
+    ) -> np.ndarray:
+        """Draw ``data`` of an env of this renderer's task from the fixed camera ``camera``.
+
+        Args:
+            model: that env's model (the same XML as the renderer's).
+            data: the state to draw; only its positions (``xpos``, ``geom_xpos``, ...) are
+                read, as computed by the last ``mj_forward``/``mj_step``.
+            camera: camera name in the model, e.g. ``agentview``.
+            size: side of the square frame in pixels, at most the offscreen buffer's.
+
+        Returns:
+            ``(size, size, 3)`` uint8, bottom row first.
+        """
+        if size > min(self._context.offWidth, self._context.offHeight):
+            raise ValueError(
+                f"libero frames can be at most {self._context.offWidth} x "
+                f"{self._context.offHeight} pixels (the model's offscreen buffer), got {size}"
+            )
+        self._camera.fixedcamid = model.camera(camera).id
+        self._gl.make_current()  # several renderers in one process: draw with ours
+        mujoco.mjv_updateScene(
+            model,
+            data,
+            self._option,
+            self._perturb,
+            self._camera,
+            mujoco.mjtCatBit.mjCAT_ALL,
+            self._scene,
+        )
+        viewport = mujoco.MjrRect(0, 0, size, size)
+        mujoco.mjr_render(viewport, self._scene, self._context)
+        frame = np.empty((size, size, 3), np.uint8)
+        mujoco.mjr_readPixels(frame, None, viewport, self._context)
+        return frame
+
+    def close(self) -> None:
+        """Free the MuJoCo render context and the GL context; idempotent.
+
+        MuJoCo frees a render context's GL objects (textures, buffers: numbered per GL
+        context) in whichever GL context is current, so ours is made current first: freeing
+        it under another context would delete that context's objects of the same numbers.
+        (robosuite frees its contexts without doing so.)
+        """
+        context: Any = getattr(self, "_context", None)
+        if context is not None:
+            self._gl.make_current()
+            context.free()
+            self._context = None
+            self._gl.free()
+
+    def __del__(self) -> None:
+        self.close()  # not left to MjrContext's destructor: see close()

@@ -1,0 +1,74 @@
+"""Frames the env rollout keeps for the SRPO encoder and videos: every ``frame_stride``-th step.
+
+The reach task with a camera (``image_size``) returns observation images, so FRAMES come
+from them; without a camera they come from ``render()`` (covered by the timing test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import embodied_rl.nodes  # noqa: F401
+import policies  # noqa: F401
+import rollout  # noqa: F401
+import simulators  # noqa: F401
+from embodied_rl import keys as K
+from embodied_rl.data.batch import make_batch
+from embodied_rl.registry import NODE_TYPES, POLICIES
+from embodied_rl.runtime.context import MetricSink, NodeContext
+
+MAX_STEPS = 8
+
+
+def _rollout(frame_stride: int):
+    node = NODE_TYPES.get("rollout.env")
+    cfg = node.build_config(
+        {
+            "simulator": "reach",
+            "simulator_options": {"image_size": 16, "render_size": 16},
+            "group_size": 2,
+            "num_envs": 4,
+            "max_steps": MAX_STEPS,
+            "keep_frames": True,
+            "frame_stride": frame_stride,
+        }
+    )
+    policy = POLICIES.get("mlp")(
+        {"state_dim": 8, "action_dim": 2, "image_size": 16}, torch.device("cpu")
+    )
+    ctx = NodeContext.single_process(
+        "rollout", cfg, cfg=OmegaConf.create({"seed": 0}), metrics=MetricSink(), seed_fn=lambda _: 7
+    )
+    node.setup(ctx)
+    ctx.models = {"actor": policy}
+    batch = make_batch(
+        {
+            K.TASK_ID: torch.tensor([0, 1]),
+            K.INIT_STATE_ID: torch.tensor([2, 3]),
+            K.SAMPLE_ID: torch.tensor([0, 1]),
+        }
+    )
+    try:
+        return node.fn(ctx, batch)
+    finally:
+        ctx.state["vector_env"].close()
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_observation_frames_are_kept_every_stride_steps(stride):
+    out = _rollout(stride)
+    images, frames = out[K.OBS_IMAGE], out[K.FRAMES]
+    steps = images.shape[1]
+    assert steps == MAX_STEPS  # the reach expert is not run: random policies do not finish
+    assert frames.shape == (4, -(-steps // stride), 16, 16, 3)  # ceil(8 / 3) = 3 frames
+    for j in range(frames.shape[1]):
+        assert torch.equal(frames[:, j], images[:, j * stride])  # frame j shows step j*stride
+    if stride == 1:
+        assert frames.data_ptr() == images.data_ptr()  # no copy
+    finish = out[K.FINISH_STEP]
+    assert torch.equal(out[K.FRAME_COUNT], finish // stride + 1)
+    # The last valid frame is at or before the last valid step, the next one after it.
+    last = (out[K.FRAME_COUNT] - 1) * stride
+    assert bool((last <= finish).all()) and bool((last + stride > finish).all())
