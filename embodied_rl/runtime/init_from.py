@@ -128,6 +128,19 @@ def check_init_from(name: str, policy: str, options: Mapping[str, Any], init_fro
         InitFromError: no complete checkpoint, another policy type, architecture options that
             differ, no such model in the checkpoint, or no normalisation statistics.
     """
+    try:
+        _check(name, policy, options, init_from)
+    except InitFromError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:  # unreadable files
+        raise InitFromError(
+            f"models.{name}.init_from: cannot read {init_from!r} ({type(err).__name__}: {err})",
+            "point init_from at a run directory written by `embodied-rl train`, or at one of "
+            "its checkpoints/step_N directories",
+        ) from None
+
+
+def _check(name: str, policy: str, options: Mapping[str, Any], init_from: str) -> None:
     where = f"models.{name}.init_from"
     source = resolve_init_source(init_from, name)
     if source.policy != policy:
