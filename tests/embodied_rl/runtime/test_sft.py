@@ -64,6 +64,26 @@ def test_mlp_sft_drives_the_l1_loss_down(mlp_run):
     assert (mlp_run.run_dir / "checkpoints" / "step_000300" / "manifest.json").exists()
 
 
+def test_resumed_sft_reproduces_the_uninterrupted_run(tmp_path, demos):
+    """The loader position, weights, optimizer and statistics all come back on resume."""
+    base = [*MLP, *COMMON, f"data.paths=['{demos}']", "trainer.checkpoint_every=2"]
+    base += ["data.random_shift=2"]
+    full = _metrics(
+        launch(
+            compose("sft_libero", [*base, "trainer.total_steps=4", f"run_dir={tmp_path / 'a'}"]),
+            False,
+        ).run_dir
+    )
+    cut = [*base, f"run_dir={tmp_path / 'b'}"]
+    launch(compose("sft_libero", [*cut, "trainer.total_steps=2"]), show_progress=False)
+    resumed = launch(compose("sft_libero", [*cut, "trainer.total_steps=4", "resume=true"]), False)
+    lines = _metrics(resumed.run_dir)
+    assert [m["step"] for m in lines] == [0, 1, 2, 3]
+    for step in (2, 3):
+        for key in ("sft/loss", "sft/grad_norm"):
+            assert lines[step][key] == pytest.approx(full[step][key], rel=1e-5), (step, key)
+
+
 @pytest.mark.slow
 def test_tiny_oft_sft_drives_the_token_cross_entropy_down(tmp_path, demos):
     overrides = [*OFT, *COMMON, f"data.paths=['{demos}']", "models.actor.optimizer.lr=3e-3"]
