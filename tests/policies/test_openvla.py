@@ -308,3 +308,30 @@ def test_loading_errors(policy: OpenVLAPolicy, tmp_path) -> None:
         ValueError, match=r"missing \['vla.projector.fc2.bias'\], unexpected \['vla.projector.fc4"
     ):
         load_weights(policy, folder)
+
+
+def test_bc_targets_and_teacher_forced_mode(policy: OpenVLAPolicy) -> None:
+    # The released convention: clip, digitize over linspace(-1, 1, 256), token = V - d.
+    actions = torch.tensor([[[0.0, 0.5, -1.0, 1.0, 0.25, -0.3, 1.0]]])
+    key, targets = policy.action_targets(actions)
+    tok = policy.vla.action_tokenizer
+    # No statistics, gripper_convention none: the actions are the normalised targets.
+    assert torch.equal(targets, tok.encode(actions.view(1, 7)))
+    libero = Normalizer(7, 0, "libero")
+    saved, policy.normalizer = policy.normalizer, libero
+    try:
+        key, targets = policy.action_targets(actions)
+    finally:
+        policy.normalizer = saved
+    normalized = torch.tensor([[0.0, 0.5, -1.0, 1.0, 0.25, -0.3, 0.0]])  # 1 - clip(g, 0, 1)
+    assert key == K.ACTION_TOKENS and torch.equal(targets, tok.encode(normalized))
+    with pytest.raises(ValueError, match="chunk to 1"):
+        policy.action_targets(torch.zeros(1, 2, 7))
+    # Greedy decoding is its own teacher: the teacher-forced mode of greedy tokens is them.
+    obs = images(4, 9)
+    prompts = [INSTRUCTIONS[0]] * 2 + [INSTRUCTIONS[1]] * 2
+    greedy = policy.act(obs, prompts, None, temperature=1.0, do_sample=False).tokens
+    with torch.no_grad():
+        mode = policy.action_mode(trajectories(obs, greedy, INSTRUCTIONS))
+    assert torch.equal(mode.view(2, 3, 7)[:, :2].reshape(4, 7).long(), greedy)
+    assert bool((mode.view(2, 3, 7)[:, 2] == 0).all())

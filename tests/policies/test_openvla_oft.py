@@ -283,3 +283,24 @@ def test_value_head_values_shapes_masked_zeros_gradient_and_seed() -> None:
     assert torch.equal(plain.vla.projector.fc1.weight, again.vla.projector.fc1.weight)
     with pytest.raises(ValueError, match="no value head"):
         plain.values(batch)
+
+
+def test_bc_targets_and_mode_match_greedy_act(
+    discrete: OpenVLAOFTPolicy, continuous: OpenVLAOFTPolicy
+) -> None:
+    obs, state = images(4, 9), states(4, 9)
+    actions = torch.rand(4, 4, 7) * 2 - 1
+    key, targets = continuous.action_targets(actions)
+    expected = continuous.normalizer.from_env(actions).reshape(4, 28)
+    assert key == K.RAW_ACTIONS and torch.equal(targets, expected)
+    key, tokens = discrete.action_targets(torch.rand(1, 8, 7))
+    assert key == K.ACTION_TOKENS and tokens.shape == (1, 56)
+    for policy, stored in ((discrete, K.ACTION_TOKENS), (continuous, K.RAW_ACTIONS)):
+        greedy = policy.act(obs, prompts(), state, temperature=1.0, do_sample=False)
+        best = greedy.tokens.float() if stored == K.ACTION_TOKENS else greedy.raw_actions
+        placeholder = torch.zeros(4, policy.tokens_per_step, dtype=best.dtype)
+        with torch.no_grad():
+            mode = policy.action_mode(trajectories(obs, state, stored, placeholder))
+        steps = mode.view(2, 3, -1)
+        assert torch.allclose(steps[:, :2].reshape(4, -1), best, atol=1e-5)
+        assert bool((steps[:, 2] == 0).all())
