@@ -348,6 +348,25 @@ def load_rank_shard(
     return _resolve_references(load_shard(rank), load_shard)
 
 
+def load_entry(ckpt_dir: str | Path, key: str, *, rank: int = 0) -> Any:
+    """``state[key]`` of one rank's shard of a sealed checkpoint, whatever its world size.
+
+    A :func:`shard_reference` is followed to the shard that holds the value (FSDP models), so
+    this reads e.g. a model's full weights (``key="models"`` then ``["model/actor"]``) from a
+    run with any number of ranks. The shards read are verified against the manifest.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    shards: dict[int, dict[str, Any]] = {}
+
+    def load_shard(r: int) -> dict[str, Any]:
+        if r not in shards:
+            shards[r] = _load_verified_shard(ckpt_dir, manifest, r, "cpu")
+        return shards[r]
+
+    return _resolve_references(load_shard(rank)[key], load_shard, (key,))
+
+
 def _load_verified_shard(
     ckpt_dir: Path, manifest: Mapping[str, Any], rank: int, map_location: Any
 ) -> dict[str, Any]:

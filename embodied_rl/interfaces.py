@@ -12,9 +12,9 @@ then step 1, ...), and the mask is the per-step ``STEP_MASK`` repeated over each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -68,6 +68,51 @@ class EmbodiedPolicy(Protocol):
         masked steps are 0.
         """
         ...
+
+
+@runtime_checkable
+class DemonstrationPolicy(EmbodiedPolicy, Protocol):
+    """An embodied policy that behaviour cloning (``sft.train``) and ``data.demos`` can train.
+
+    Its outputs live in normalised units; a normaliser with persistent buffers (so that
+    checkpoints and ``init_from`` carry it) maps them to env actions in ``act`` and back
+    (``action_targets``), from statistics set once from the demonstrations.
+    """
+
+    def set_statistics(self, statistics: Mapping[str, Any]) -> None:
+        """Set the action / proprio statistics: an OpenVLA ``norm_stats`` entry
+        ``{"action": {"q01", "q99", "mask"}, "proprio": {...}}``."""
+        ...
+
+    def action_targets(self, actions: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """The batch key ``evaluate`` scores and its values (N, K) for env actions (N, C, A).
+
+        ACTION_TOKENS (discrete heads: the demo's tokens, so ``-evaluate`` at temperature 1
+        is the token cross-entropy) or RAW_ACTIONS (continuous heads: the normalised actions,
+        the L1 regression target of ``action_mode``).
+        """
+        ...
+
+    def action_mode(self, batch: TensorDict) -> torch.Tensor:
+        """The most likely output of every step (B, T * K), step-major, 0 on masked steps.
+
+        Continuous heads: the mean, differentiable (L1 loss). Discrete heads: the most likely
+        token (as float; token accuracy). Reads what ``evaluate`` reads.
+        """
+        ...
+
+
+class PolicyBuilder(Protocol):
+    """What ``embodied_rl.registry.POLICIES`` holds: ``builder(options, device) -> policy``.
+
+    A builder may carry ``architecture_options(options) -> dict``: every option (defaults
+    filled in) that fixes what the weights mean (head, chunk, image size, conventions, ...),
+    leaving out runtime-only ones (temperature, micro-batch size, seed). ``init_from``
+    compares these between the checkpoint's run and the new run; without it, the whole
+    options mappings must be equal.
+    """
+
+    def __call__(self, options: Mapping[str, Any], device: torch.device) -> Any: ...
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ RETURNS = "returns"  # (B, R) float32
 # --- embodied trajectories -------------------------------------------------------------------
 OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8
 OBS_STATE = "obs_state"  # (B, T, S) float32 proprio
-ACTIONS = "actions"  # (B, T, A) float32 continuous actions
+ACTIONS = "actions"  # (B, T, A) float32 env actions (demos: (B, C, A), a step's action chunk)
 ACTION_TOKENS = "action_tokens"  # (B, T, K) int64 discrete action tokens
 RAW_ACTIONS = "raw_actions"  # (B, T, K) float32 sampled pre-squash continuous actions
 STEP_MASK = "step_mask"  # (B, T) float32, 1 = step before (and at) finish

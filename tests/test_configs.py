@@ -64,3 +64,20 @@ def test_llm_config_runs_three_steps_on_two_workers(name, tmp_path):
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in lines)
     assert all(abs(m["loss/policy"]) < 1e3 for m in lines)
     assert (result.run_dir / "checkpoints" / "step_000003" / "manifest.json").exists()
+
+
+def test_sft_libero_trains_what_srpo_libero_starts_from():
+    """The SFT baseline evaluates on srpo_libero's simulator, with its policy, for every
+    policy= choice (init_from checks the options again at start-up)."""
+    from omegaconf import OmegaConf
+
+    for choice in ([], ["policy=mlp_image"]):
+        sft = OmegaConf.to_container(compose("sft_libero", choice), resolve=True)
+        rl = OmegaConf.to_container(compose("srpo_libero", choice), resolve=True)
+        assert sft["simulator"] == rl["simulator"]
+        assert sft["models"]["actor"]["policy"] == rl["models"]["actor"]["policy"]
+        assert sft["models"]["actor"]["options"] == rl["models"]["actor"]["options"]
+        for key in ("model", "simulator", "simulator_options", "num_envs", "max_steps"):
+            assert sft["rollout"][key] == rl["rollout"][key], key
+        assert sft["data"]["heldout_every"] == rl["data"]["heldout_every"]
+        assert sft["data"]["chunk"] == rl["models"]["actor"]["options"]["chunk"]

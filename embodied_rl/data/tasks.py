@@ -39,8 +39,14 @@ def split_size(num_init_states: int, heldout_every: int, split: str) -> int:
     return size
 
 
+def is_heldout(init_state_id: int, heldout_every: int) -> bool:
+    """Whether an init state is held out: every ``heldout_every``-th id (4, 9, 14, ... for 5);
+    ``heldout_every <= 0`` holds nothing out."""
+    return heldout_every > 0 and init_state_id % heldout_every == heldout_every - 1
+
+
 def split_init_states(num_init_states: int, heldout_every: int, split: str) -> list[int]:
-    """Init-state ids of a split: every ``heldout_every``-th id (4, 9, 14, ... for 5) is held out.
+    """Init-state ids of a split (held out: see :func:`is_heldout`).
 
     ``heldout_every <= 0`` holds nothing out (train = all; heldout is then an error).
     """
@@ -48,8 +54,7 @@ def split_init_states(num_init_states: int, heldout_every: int, split: str) -> l
     ids = list(range(num_init_states))
     if split == "all":
         return ids
-    held = {i for i in ids if heldout_every > 0 and i % heldout_every == heldout_every - 1}
-    return [i for i in ids if (i in held) == (split == "heldout")]
+    return [i for i in ids if is_heldout(i, heldout_every) == (split == "heldout")]
 
 
 def check_task_ids(tasks: Sequence[int], num_tasks: int) -> None:

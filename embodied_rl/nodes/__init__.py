@@ -1,4 +1,4 @@
-"""Built-in node types of the core (data, advantage, log-probs, training).
+"""Built-in node types of the core (data, advantage, log-probs, training, SFT).
 
 Importing this package registers them; plugin packages register rollout and reward nodes.
 """
@@ -11,6 +11,7 @@ from embodied_rl.nodes import (  # noqa: F401
     faults,
     filters,
     rewards,
+    sft,
     srpo,
     train,
 )

@@ -1,9 +1,10 @@
-"""Source nodes: each data-parallel rank reads its own shard of prompts or task manifests."""
+"""Source nodes: each data-parallel rank reads its own shard of prompts, task manifests or
+demonstration steps."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.dataloader import Exchange, ShardedPromptLoader
+from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, select_demos
 from embodied_rl.data.tasks import (
     TaskManifestLoader,
     check_task_ids,
@@ -152,7 +154,7 @@ def next_loader_batch(ctx: NodeContext, batch: None) -> TensorDict:
     Logs ``data/epoch`` and, for each reason rows were dropped when the loader started,
     ``data/dropped_<reason>`` (the same on every rank; absent when nothing was dropped).
     """
-    loader: ShardedPromptLoader | TaskManifestLoader = ctx.state[LOADER_STATE]
+    loader: ShardedPromptLoader | TaskManifestLoader | DemoLoader = ctx.state[LOADER_STATE]
     out = loader.next_batch()
     ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
     for reason, count in loader.dropped.items():
@@ -230,4 +232,116 @@ register_node(
     source=True,
     config=TaskDataConfig,
     setup=setup_task_loader,
+)(next_loader_batch)
+
+
+@dataclass
+class DemoDataConfig:
+    """Options of ``data.demos``: demonstration steps for behaviour cloning.
+
+    Attributes:
+        paths: LIBERO demo files (``*.hdf5``) or folders of them; relative paths are looked
+            up from the working directory, then the repo root.
+        model: the policy whose normaliser gets the demos' statistics before its first
+            forward pass (the model ``sft.train`` trains).
+        max_demos_per_task: keep the first n demos of each task (instruction); 1 is SRPO's
+            one-demo SFT; ``None`` keeps all.
+        cameras: ``[agentview]`` (the image the policy sees in rollouts) or ``[]`` (state only).
+        image_size: resize frames to this side (the rollout's observation size), ``None``
+            keeps the files' size.
+        chunk: C, env actions per row (``actions[t : t + C]``, padded with the last action and
+            masked at the episode end); must equal the policy's chunk.
+        batch_size: demo steps per optimizer step over ALL data-parallel ranks.
+        shuffle: reshuffle every epoch (deterministic from the run seed).
+        random_shift: pad the images by this many pixels and crop back at a random offset
+            (DrQ's augmentation; 0: off).
+        heldout_every: the evaluation's split: demos that started from a held-out init state
+            (every n-th, ``data.tasks``' rule) are refused; 0 holds nothing out.
+    """
+
+    paths: list[str]
+    model: str = "actor"
+    max_demos_per_task: int | None = None
+    cameras: list[str] = field(default_factory=lambda: list(CAMERAS))
+    image_size: int | None = None
+    chunk: int = 1
+    batch_size: int = 32
+    shuffle: bool = True
+    random_shift: int = 0
+    heldout_every: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValueError("paths is empty; list demo files or folders (data.paths)")
+        unknown = sorted(set(self.cameras) - set(CAMERAS))
+        if unknown:
+            raise ValueError(
+                f"cameras {unknown}: the policy sees one camera in rollouts; use {list(CAMERAS)} "
+                "or [] (state only)"
+            )
+        for name in ("chunk", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_demos_per_task is not None and self.max_demos_per_task < 1:
+            raise ValueError(
+                f"max_demos_per_task must be >= 1 or null, got {self.max_demos_per_task}"
+            )
+        if self.image_size is not None and self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8 or null, got {self.image_size}")
+        if self.random_shift < 0 or self.heldout_every < 0:
+            raise ValueError("random_shift and heldout_every must be >= 0")
+
+
+def resolve_demo_paths(paths: list[str]) -> list[Path]:
+    """Each path as given if it exists, else relative to the repo root; a clear error if not."""
+    out = []
+    for path in paths:
+        candidate = Path(path).expanduser()
+        if not candidate.exists() and (REPO_ROOT / path).exists():
+            candidate = REPO_ROOT / path
+        if not candidate.exists():
+            raise FileNotFoundError(
+                f"demonstration path {path!r} does not exist (looked in {Path.cwd()} and "
+                f"{REPO_ROOT}); set data.paths to demo files or folders (generate them with "
+                "`embodied-rl demos`)"
+            )
+        out.append(candidate)
+    return out
+
+
+def setup_demo_loader(ctx: NodeContext) -> None:
+    """Select and check the demos, build this rank's loader, set the policy's statistics."""
+    cfg: DemoDataConfig = ctx.node_config
+    infos = select_demos(
+        [str(p) for p in resolve_demo_paths(cfg.paths)], cfg.max_demos_per_task, cfg.heldout_every
+    )
+    loader = DemoLoader(
+        infos,
+        chunk=cfg.chunk,
+        cameras=cfg.cameras,
+        image_size=cfg.image_size,
+        global_batch_size=cfg.batch_size,
+        dp_rank=ctx.dp_rank,
+        dp_size=ctx.dp_size,
+        seed=int(ctx.cfg.seed),
+        shuffle=cfg.shuffle,
+        shift=cfg.random_shift,
+    )
+    # Computed from all selected demos on every rank: the same statistics everywhere.
+    ctx.models[cfg.model].set_statistics(loader.statistics)
+    ctx.state[LOADER_STATE] = loader
+
+
+def _demo_keys(cfg: DemoDataConfig) -> tuple[str, ...]:
+    keys = (K.OBS_STATE, K.PROMPT_TEXT, K.ACTIONS, K.RESPONSE_MASK, K.STEP_MASK, K.SAMPLE_ID)
+    keys += (K.INIT_STATE_ID,)
+    return keys + ((K.OBS_IMAGE,) if cfg.cameras else ())
+
+
+register_node(
+    "data.demos",
+    writes=_demo_keys,
+    source=True,
+    config=DemoDataConfig,
+    setup=setup_demo_loader,
 )(next_loader_batch)

@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from embodied_rl.dag.node_type import NodeConfigError, build_dataclass, dataclass_problems
 from embodied_rl.dag.spec import DagSpec, validate_dag
 from embodied_rl.registry import NODE_TYPES, PLUGIN_MODULES, POLICIES, load_plugins
+from embodied_rl.runtime.init_from import InitFromError, check_init_from
 from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
 
 logger = logging.getLogger(__name__)
@@ -322,11 +323,16 @@ def _check_models(models: Any) -> dict[str, ModelSpec]:
                 f"unknown key {where}.{unknown[0]}{_suggest(unknown[0], allowed)}",
                 f"use only the valid keys {allowed}",
             )
-        for key, wanted in (("policy", str), ("options", Mapping), ("trainable", bool)):
+        for key, wanted in (
+            ("policy", str),
+            ("options", Mapping),
+            ("trainable", bool),
+            ("init_from", str | None),
+        ):
             if key in raw and not isinstance(raw[key], wanted):
                 raise ConfigError(
                     f"{where}.{key} has the wrong type ({type(raw[key]).__name__})",
-                    f"set {where}.{key} to a {wanted.__name__}",
+                    f"set {where}.{key} to a {getattr(wanted, '__name__', 'path string')}",
                 )
         problems = [
             problem
@@ -345,6 +351,17 @@ def _check_models(models: Any) -> dict[str, ModelSpec]:
             )
         specs[str(name)] = spec
     return specs
+
+
+def _check_init_from(specs: Mapping[str, ModelSpec]) -> None:
+    """Every ``init_from`` names a complete checkpoint of a matching policy with statistics."""
+    for name, spec in specs.items():
+        if spec.init_from is None:
+            continue
+        try:
+            check_init_from(name, spec.policy, spec.options, spec.init_from)
+        except InitFromError as err:
+            raise ConfigError(err.problem, err.fix) from None
 
 
 def _references(node: Any) -> Iterator[str]:
@@ -460,6 +477,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     evaluation = section(plain, "eval")
     load_all_plugins(plain)
     models = _check_models(plain.get("models"))
+    _check_init_from(models)
     dags = []
     if plain.get("eval_dag") is not None:
         dags.append(dag_from_config(plain, workers.num_workers, key="eval_dag"))

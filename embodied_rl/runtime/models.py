@@ -38,6 +38,7 @@ from embodied_rl.runtime.fsdp import (
     load_full_optimizer_state,
     shard_model,
 )
+from embodied_rl.runtime.init_from import load_init_state
 
 MIXED_PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
@@ -100,7 +101,11 @@ class ModelSpec:
 
     A reference model is a non-trainable entry with the same options as the actor: policies
     build deterministically from their options (seeded init or the same local weights), so
-    it starts identical to the actor.
+    it starts identical to the actor (give it the actor's ``init_from`` too).
+
+    ``init_from``: a run directory or one of its ``checkpoints/step_N`` directories whose
+    weights (and normalisation statistics) the model starts from, e.g. an SFT run; see
+    ``embodied_rl/runtime/init_from.py``.
     """
 
     policy: str
@@ -108,10 +113,11 @@ class ModelSpec:
     trainable: bool = True
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    init_from: str | None = None
 
     @classmethod
     def from_mapping(cls, name: str, raw: Mapping[str, Any]) -> ModelSpec:
-        allowed = {"policy", "options", "trainable", "optimizer", "parallel"}
+        allowed = {"policy", "options", "trainable", "optimizer", "parallel", "init_from"}
         unknown = sorted(set(raw) - allowed)
         if unknown:
             raise ValueError(
@@ -136,6 +142,7 @@ class ModelSpec:
             trainable=bool(raw.get("trainable", True)),
             optimizer=OptimizerConfig(**optim),
             parallel=ParallelConfig(**parallel),
+            init_from=None if raw.get("init_from") is None else str(raw["init_from"]),
         )
         if not spec.trainable and spec.parallel != ParallelConfig():
             raise ValueError(
@@ -219,6 +226,8 @@ class ModelStore:
         # A layout FSDP cannot serve fails before the (possibly large) model is built.
         group = self._fsdp_group(name) if self.strategy(name) == "fsdp" else None
         model = POLICIES.get(spec.policy)(spec.options, self.device)
+        if spec.init_from is not None:  # weights and statistics buffers, before any sharding
+            model.load_state_dict(load_init_state(spec.init_from, name))
         if not spec.trainable:
             model.eval()
             model.requires_grad_(False)

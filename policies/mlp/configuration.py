@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.normalization import GRIPPER_CONVENTIONS
+
 HEADS = ("gaussian", "discrete")
 
 
@@ -25,6 +27,14 @@ class MLPPolicyConfig:
         init_log_std: initial log standard deviation of the Gaussian head.
         value_head: add a scalar value head (for PPO with a shared trunk).
         seed: weight-init seed: every data-parallel rank builds identical weights.
+        chunk: C, actions per policy step predicted from one observation (executed one
+            after another); ``K = C * action_dim`` outputs per step.
+        instruction_buckets: condition on the instruction with a hashed bag of words: each
+            lower-cased word goes to bucket ``crc32(word) % instruction_buckets`` of an
+            ``EmbeddingBag`` (mean); 0 ignores instructions (single-task runs).
+        instruction_dim: width of the instruction embedding.
+        gripper_convention: ``none`` or ``libero`` (``policies/normalization.py``): how the
+            last action dimension maps to the env's gripper command.
     """
 
     state_dim: int = 8
@@ -36,6 +46,14 @@ class MLPPolicyConfig:
     init_log_std: float = -0.5
     value_head: bool = False
     seed: int = 0
+    chunk: int = 1
+    instruction_buckets: int = 0
+    instruction_dim: int = 32
+    gripper_convention: str = "none"
+
+    # Options that only set the initial weights: an ``init_from`` checkpoint may differ in
+    # them (see ``architecture_options``).
+    RUNTIME_OPTIONS = frozenset({"seed", "init_log_std"})
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
@@ -46,6 +64,16 @@ class MLPPolicyConfig:
             raise ValueError("action_dim must be >= 1 and num_bins >= 2")
         if self.image_size and self.image_size % 8:
             raise ValueError(f"image_size must be a multiple of 8, got {self.image_size}")
+        if self.chunk < 1 or self.instruction_buckets < 0 or self.instruction_dim < 1:
+            raise ValueError(
+                f"mlp needs chunk >= 1, instruction_buckets >= 0 (0: off) and instruction_dim "
+                f">= 1; got {self.chunk}, {self.instruction_buckets}, {self.instruction_dim}"
+            )
+        if self.gripper_convention not in GRIPPER_CONVENTIONS:
+            raise ValueError(
+                f"mlp gripper_convention {self.gripper_convention!r} is not one of "
+                f"{list(GRIPPER_CONVENTIONS)}"
+            )
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MLPPolicyConfig:
@@ -54,3 +82,14 @@ class MLPPolicyConfig:
         if unknown:
             raise ValueError(f"unknown mlp policy option(s) {unknown}; valid: {sorted(valid)}")
         return cls(**dict(options))
+
+    @classmethod
+    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option (defaults filled in) but the runtime-only ones: what must match
+        between a checkpoint's training run and a run that starts from it."""
+        config = cls.from_options(options)
+        return {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name not in cls.RUNTIME_OPTIONS
+        }

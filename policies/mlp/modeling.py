@@ -1,7 +1,12 @@
-"""MLP policy: a small state (and optional image) encoder with a Gaussian or discrete head.
+"""MLP policy: a small state / image / instruction encoder with a Gaussian or discrete head.
 
-Implements ``embodied_rl.interfaces.EmbodiedPolicy`` with one step per action (chunk 1) and
-``K = A`` tokens per step: one log-prob per action dimension.
+Implements ``embodied_rl.interfaces.EmbodiedPolicy``. One observation gives a chunk of ``C``
+actions of ``A`` dimensions, ``K = C * A`` outputs per step, chunk-major (output ``A s + d``
+is dimension ``d`` of chunk step ``s``); ``C = 1`` by default.
+
+Outputs live in normalised units ([-1, 1]); ``act`` maps them to env actions with the
+policy's :class:`policies.normalization.Normalizer` (q01/q99 statistics and the gripper
+convention, identity until statistics are set), which also normalises the proprio input.
 
 Temperature: discrete logits are divided by it; the Gaussian standard deviation is multiplied
 by it. ``act`` and ``evaluate`` apply it identically, so a stored sample scores the same.
@@ -10,6 +15,8 @@ by it. ``act`` and ``evaluate`` apply it identically, so a stored sample scores 
 from __future__ import annotations
 
 import math
+import re
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,9 +26,13 @@ from tensordict import TensorDict
 from torch import nn
 
 from embodied_rl import keys as K
+from embodied_rl.data.batch import strings
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
 from policies.mlp.configuration import MLPPolicyConfig
+from policies.normalization import Normalizer
+
+_WORD = re.compile(r"[a-z0-9]+")
 
 
 def _image_encoder(size: int) -> tuple[nn.Module, int]:
@@ -38,24 +49,39 @@ def _image_encoder(size: int) -> tuple[nn.Module, int]:
     return layers, 32 * (size // 8) ** 2
 
 
+def instruction_buckets(instruction: str, buckets: int) -> list[int]:
+    """Bucket ids of an instruction's words: ``crc32(word) % buckets`` of each lower-cased
+    alphanumeric word (deterministic across processes, unlike Python's ``hash``)."""
+    return [zlib.crc32(word.encode()) % buckets for word in _WORD.findall(instruction.lower())]
+
+
 class MLPPolicy(nn.Module):
-    """The fast policy for CPU runs. See the module docstring for the action semantics."""
+    """The fast policy for CPU runs. See the module docstring for the action semantics.
+
+    Attributes:
+        chunk: C; tokens_per_step: K = C * A.
+        normalizer: the action / proprio statistics and gripper convention (buffers).
+        instruction: the hashed bag-of-words ``EmbeddingBag``, or ``None``.
+    """
 
     def __init__(self, config: MLPPolicyConfig) -> None:
         super().__init__()
         self.config = config
-        self.tokens_per_step = config.action_dim
+        self.chunk = config.chunk
+        self.tokens_per_step = config.chunk * config.action_dim
         features = config.state_dim if config.state_dim > 0 else 0
         self.image_encoder = None
         if config.image_size > 0:
             self.image_encoder, image_features = _image_encoder(config.image_size)
             features += image_features
+        if config.instruction_buckets > 0:
+            features += config.instruction_dim
         layers: list[nn.Module] = []
         for width in config.hidden:
             layers += [nn.Linear(features, width), nn.Tanh()]
             features = width
         self.trunk = nn.Sequential(*layers)
-        outputs = config.action_dim * (config.num_bins if config.head == "discrete" else 1)
+        outputs = self.tokens_per_step * (config.num_bins if config.head == "discrete" else 1)
         self.head = nn.Linear(features, outputs)
         nn.init.zeros_(self.head.bias)
         self.head.weight.data.mul_(0.01)  # start near-uniform / near-zero mean
@@ -63,28 +89,73 @@ class MLPPolicy(nn.Module):
         self.value = nn.Linear(features, 1) if config.value_head else None
         centres = torch.linspace(-1.0, 1.0, config.num_bins)
         self.register_buffer("bin_centres", centres, persistent=False)
+        self.normalizer = Normalizer(
+            config.action_dim, max(config.state_dim, 0), config.gripper_convention
+        )
+        # Built last: options without it draw the same initial weights as before it existed.
+        self.instruction = None
+        if config.instruction_buckets > 0:
+            self.instruction = nn.EmbeddingBag(
+                config.instruction_buckets, config.instruction_dim, mode="mean"
+            )
+        self._bucket_cache: dict[str, list[int]] = {}
 
     @property
     def device(self) -> torch.device:
         return self.head.weight.device
 
-    def _features(self, images: torch.Tensor | None, states: torch.Tensor | None) -> torch.Tensor:
-        """Trunk output (N, F) from images (N, H, W, 3) uint8 and states (N, S)."""
+    def set_statistics(self, statistics: Mapping[str, Any]) -> None:
+        """Set the normalisation statistics (a ``norm_stats`` entry, e.g. from demos)."""
+        self.normalizer.set_statistics(statistics)
+
+    def _instruction_features(self, instructions: Sequence[str]) -> torch.Tensor:
+        """(N, instruction_dim) mean embedding of each instruction's word buckets."""
+        ids, offsets = [], []
+        for text in instructions:
+            if text not in self._bucket_cache:
+                self._bucket_cache[text] = instruction_buckets(
+                    text, self.config.instruction_buckets
+                )
+            offsets.append(len(ids))
+            ids += self._bucket_cache[text]
+        device = self.device
+        return self.instruction(
+            torch.tensor(ids, dtype=torch.long, device=device),
+            torch.tensor(offsets, dtype=torch.long, device=device),
+        )
+
+    def _features(
+        self,
+        images: torch.Tensor | None,
+        states: torch.Tensor | None,
+        instructions: Sequence[str],
+    ) -> torch.Tensor:
+        """Trunk output (N, F) from images (N, H, W, 3) uint8, states (N, S), N instructions."""
         parts = []
         if self.config.state_dim > 0:
-            parts.append(states.float().to(self.device))
+            parts.append(self.normalizer.normalize_proprio(states.float().to(self.device)))
         if self.image_encoder is not None:
+            size = self.config.image_size
+            if images is None or tuple(images.shape[1:]) != (size, size, 3):
+                got = None if images is None else tuple(images.shape[1:])
+                raise ValueError(
+                    f"the mlp policy has image_size {size} and needs ({size}, {size}, 3) "
+                    f"images, got {got}; set the simulator's / demos' image_size to {size}"
+                )
             pixels = images.to(self.device).permute(0, 3, 1, 2).float() / 255.0
             parts.append(self.image_encoder(pixels))
+        if self.instruction is not None:
+            parts.append(self._instruction_features(instructions))
         return self.trunk(torch.cat(parts, dim=-1))
 
     def _distribution(
         self, features: torch.Tensor, temperature: float
     ) -> torch.distributions.Distribution:
+        """Over the K outputs of each of N steps: logits (N, K, bins) or Normal (N, K)."""
         if self.config.head == "discrete":
-            logits = self.head(features).view(-1, self.config.action_dim, self.config.num_bins)
+            logits = self.head(features).view(-1, self.tokens_per_step, self.config.num_bins)
             return torch.distributions.Categorical(logits=logits / temperature)
-        std = torch.exp(self.log_std) * temperature
+        std = torch.exp(self.log_std).repeat(self.chunk) * temperature
         return torch.distributions.Normal(self.head(features), std.expand(features.shape[0], -1))
 
     @torch.no_grad()
@@ -97,19 +168,25 @@ class MLPPolicy(nn.Module):
         temperature: float = 1.0,
         do_sample: bool = True,
     ) -> ActOutput:
-        """Sample (or take the mode of) one action per observation; instructions are unused."""
-        features = self._features(_tensor(images), _tensor(states))
+        """Sample (or take the mode of) one chunk of C actions per observation.
+
+        Returns:
+            ActOutput with actions (N, C, A) float32 in env units, logprobs (N, K) and tokens
+            (N, K) bin ids (discrete) or raw_actions (N, K) normalised samples (Gaussian).
+        """
+        features = self._features(_tensor(images), _tensor(states), instructions)
         dist = self._distribution(features, temperature)
         if self.config.head == "discrete":
             tokens = dist.sample() if do_sample else dist.logits.argmax(-1)
-            actions = self.bin_centres[tokens]
+            normalized = self.bin_centres[tokens]
             raw, logprobs = None, dist.log_prob(tokens)
         else:
             raw = dist.sample() if do_sample else dist.mean
-            actions, tokens, logprobs = raw.clamp(-1.0, 1.0), None, dist.log_prob(raw)
+            normalized, tokens, logprobs = raw.clamp(-1.0, 1.0), None, dist.log_prob(raw)
         values = self.value(features).squeeze(-1) if self.value is not None else None
+        n = features.shape[0]
         return ActOutput(
-            actions=actions.unsqueeze(1).cpu().numpy().astype(np.float32),
+            actions=self.normalizer.to_env(normalized.view(n, self.chunk, -1)),
             tokens=None if tokens is None else tokens.cpu(),
             raw_actions=None if raw is None else raw.float().cpu(),
             logprobs=logprobs.float().cpu(),
@@ -125,12 +202,15 @@ class MLPPolicy(nn.Module):
             states = batch[K.OBS_STATE].reshape(b * t, -1)
         if self.image_encoder is not None:
             images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
-        return self._features(images, states), mask
+        instructions: list[str] = []
+        if self.instruction is not None:  # step row r belongs to trajectory r // T
+            instructions = [text for text in strings(batch, K.PROMPT_TEXT) for _ in range(t)]
+        return self._features(images, states, instructions), mask
 
     def evaluate(
         self, batch: TensorDict, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropy (B, T*A) of the stored actions, step-major, 0 on masked steps."""
+        """Log-probs and entropy (B, T*K) of the stored actions, step-major, 0 on masked steps."""
         features, mask = self._flat_steps(batch)
         b, t = mask.shape
         dist = self._distribution(features, temperature)
@@ -142,6 +222,33 @@ class MLPPolicy(nn.Module):
         entropy = dist.entropy().view(b, t, -1)
         keep = mask.to(self.device).unsqueeze(-1)
         return (logprobs * keep).reshape(b, -1), (entropy * keep).reshape(b, -1)
+
+    def action_mode(self, batch: TensorDict) -> torch.Tensor:
+        """Most likely output of every step (B, T*K), 0 on masked steps: the Gaussian mean
+        (normalised units, differentiable) or the most likely bin id (float)."""
+        features, mask = self._flat_steps(batch)
+        b, t = mask.shape
+        if self.config.head == "discrete":
+            mode = self._distribution(features, 1.0).logits.argmax(-1).float()
+        else:
+            mode = self.head(features)
+        keep = mask.to(self.device).unsqueeze(-1)
+        return (mode.view(b, t, -1) * keep).reshape(b, -1)
+
+    def action_targets(self, actions: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """What ``evaluate`` scores for env actions (N, C, A): RAW_ACTIONS (N, K), the
+        normalised actions (Gaussian), or ACTION_TOKENS (N, K), their nearest bins."""
+        wanted = (self.chunk, self.config.action_dim)
+        if tuple(actions.shape[1:]) != wanted:
+            raise ValueError(
+                f"the mlp policy takes chunks of {wanted[0]} x {wanted[1]} actions, got actions "
+                f"of shape {tuple(actions.shape)}; set the demonstrations' chunk to {self.chunk}"
+            )
+        normalized = self.normalizer.from_env(actions).reshape(len(actions), -1)
+        if self.config.head == "gaussian":
+            return K.RAW_ACTIONS, normalized
+        scaled = (normalized + 1.0) * 0.5 * (self.config.num_bins - 1)
+        return K.ACTION_TOKENS, scaled.round().long().clamp(0, self.config.num_bins - 1)
 
     def values(self, batch: TensorDict) -> torch.Tensor:
         """Value of every step's observation (B, T), 0 on masked steps (needs value_head)."""
@@ -170,5 +277,8 @@ def build_mlp_policy(options: Mapping[str, Any], device: torch.device) -> MLPPol
         policy = MLPPolicy(config)
     return policy.to(device)
 
+
+# What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
+build_mlp_policy.architecture_options = MLPPolicyConfig.architecture_options
 
 POLICIES.register("mlp", build_mlp_policy)

@@ -4,14 +4,7 @@ The pieces OpenVLA-OFT shares (vision backbone, action tokenizer, checkpoint loa
 Prismatic core) live here too and are imported by ``policies.openvla_oft``.
 """
 
-from policies.openvla.action_tokenizer import (
-    ActionPostprocessor,
-    ActionTokenizer,
-    libero_gripper,
-    normalize_proprio,
-    select_statistics,
-    unnormalize_actions,
-)
+from policies.openvla.action_tokenizer import ActionTokenizer
 from policies.openvla.configuration import (
     TINY_ARCHITECTURE,
     OpenVLAConfig,
@@ -24,7 +17,6 @@ from policies.openvla.vla import PrismaticVLA, PromptEncoder
 
 __all__ = [
     "TINY_ARCHITECTURE",
-    "ActionPostprocessor",
     "ActionTokenizer",
     "OpenVLAConfig",
     "OpenVLAPolicy",
@@ -33,10 +25,6 @@ __all__ = [
     "VLAArchitecture",
     "VLAOptions",
     "build_openvla",
-    "libero_gripper",
-    "normalize_proprio",
     "read_checkpoint",
     "save_checkpoint",
-    "select_statistics",
-    "unnormalize_actions",
 ]

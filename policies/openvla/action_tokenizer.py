@@ -1,4 +1,4 @@
-"""OpenVLA action tokens, de-normalisation and the LIBERO gripper convention.
+"""OpenVLA action tokens: continuous actions in [-1, 1] <-> the last 256 vocabulary ids.
 
 Discretisation (the convention the released OpenVLA / OpenVLA-OFT checkpoints were trained
 with, ``prismatic.vla.action_tokenizer``):
@@ -16,22 +16,15 @@ logits are ``logits[..., V - 256 - P : V - P]`` for a padded size ``P`` (``-320:
 32000/32064). "Index" below means the position in that 256-wide slice:
 ``index = token - (V - 256)``, i.e. the slice position the policy samples.
 
-De-normalisation (BOUNDS_Q99): ``a = 0.5 * (x + 1) * (q99 - q01) + q01`` where the statistics'
-``mask`` is true, identity elsewhere (the gripper). The LIBERO gripper convention maps the
-policy's gripper output in [0, 1] to ``-sign(2x - 1)`` (-1 open, +1 close).
+De-normalisation of the decoded actions and the gripper convention live in
+``policies/normalization.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 import torch
 
 N_ACTION_BINS = 256
-GRIPPER_CONVENTIONS = ("none", "libero")
 
 
 class ActionTokenizer:
@@ -98,121 +91,3 @@ class ActionTokenizer:
                 f"{self.vocab_size - 1}); were they sampled by a policy with another vocabulary?"
             )
         return index
-
-
-def select_statistics(
-    norm_stats: Mapping[str, Any] | None, unnorm_key: str | None
-) -> Mapping[str, Any] | None:
-    """The statistics entry (``{"action": {...}, "proprio": {...}}``) of one dataset.
-
-    Args:
-        norm_stats: ``{dataset_name: {"action": {"q01": [...], "q99": [...], "mask": [...]},
-            "proprio": {...}}}`` as in ``config.json``'s ``norm_stats`` or
-            ``dataset_statistics.json``; ``None`` when the model has none.
-        unnorm_key: the dataset name; may be omitted when there is exactly one.
-
-    Returns:
-        The entry, or ``None`` when there are no statistics and no key was asked for.
-    """
-    if not norm_stats:
-        if unnorm_key is not None:
-            raise ValueError(
-                f"unnorm_key={unnorm_key!r} but the model has no dataset statistics "
-                "(no norm_stats in config.json, no dataset_statistics.json); unset unnorm_key"
-            )
-        return None
-    if unnorm_key is None:
-        if len(norm_stats) != 1:
-            raise ValueError(
-                f"the model has statistics of {len(norm_stats)} datasets; set unnorm_key to one "
-                f"of {sorted(norm_stats)}"
-            )
-        unnorm_key = next(iter(norm_stats))
-    if unnorm_key not in norm_stats:
-        raise ValueError(f"unnorm_key {unnorm_key!r} is not one of {sorted(norm_stats)}")
-    return norm_stats[unnorm_key]
-
-
-def _bounds(stats: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    low = np.asarray(stats["q01"], dtype=np.float64)
-    high = np.asarray(stats["q99"], dtype=np.float64)
-    mask = np.asarray(stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool)
-    return low, high, mask
-
-
-def unnormalize_actions(normalized: np.ndarray, stats: Mapping[str, Any] | None) -> np.ndarray:
-    """Map normalised actions back to dataset units with its q01/q99 statistics.
-
-    Args:
-        normalized: (..., A) values in [-1, 1].
-        stats: ``{"q01": (A,), "q99": (A,), "mask": (A,) optional}``; ``None`` = identity.
-
-    Returns:
-        (..., A) float64 ``0.5 * (x + 1) * (q99 - q01) + q01`` where mask, ``x`` elsewhere.
-    """
-    x = np.asarray(normalized, dtype=np.float64)
-    if stats is None:
-        return x
-    low, high, mask = _bounds(stats)
-    if low.shape[-1] != x.shape[-1]:
-        raise ValueError(f"statistics have {low.shape[-1]} action dims, actions {x.shape[-1]}")
-    return np.where(mask, 0.5 * (x + 1.0) * (high - low) + low, x)
-
-
-def normalize_proprio(state: torch.Tensor, stats: Mapping[str, Any] | None) -> torch.Tensor:
-    """Proprio state to [-1, 1] with q01/q99 (OpenVLA-OFT's BOUNDS_Q99), clipped.
-
-    Args:
-        state: (N, S) float.
-        stats: the ``proprio`` statistics entry; ``None`` = identity.
-
-    Returns:
-        (N, S) ``clip(2 (s - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`` where mask, ``s`` elsewhere.
-    """
-    if stats is None:
-        return state
-    low, high, mask = (torch.as_tensor(v, device=state.device) for v in _bounds(stats))
-    scaled = 2.0 * (state.double() - low) / (high - low + 1e-8) - 1.0
-    return torch.where(mask, scaled.clamp(-1.0, 1.0), state.double()).to(state.dtype)
-
-
-def libero_gripper(actions: np.ndarray) -> np.ndarray:
-    """LIBERO gripper convention on the last action dim (a copy; other dims unchanged).
-
-    OpenVLA's data loader flips the gripper to 0 = close, 1 = open; LIBERO wants -1 = open,
-    +1 = close. So ``g -> 2g - 1`` (to [-1, 1]), binarised with ``sign``, then negated.
-    ``g = 0.5`` exactly gives 0 (as ``np.sign`` does).
-
-    Args:
-        actions: (..., A) with the gripper command in [0, 1] at index ``A - 1``.
-    """
-    out = np.array(actions, dtype=np.float64, copy=True)
-    out[..., -1] = -np.sign(2.0 * out[..., -1] - 1.0)
-    return out
-
-
-@dataclass
-class ActionPostprocessor:
-    """Normalised policy actions -> environment-ready actions.
-
-    Attributes:
-        stats: the ``action`` statistics (q01/q99/mask) or ``None`` for identity.
-        gripper_convention: ``"none"`` or ``"libero"`` (see :func:`libero_gripper`).
-    """
-
-    stats: Mapping[str, Any] | None = None
-    gripper_convention: str = "none"
-
-    def __post_init__(self) -> None:
-        if self.gripper_convention not in GRIPPER_CONVENTIONS:
-            raise ValueError(
-                f"gripper_convention {self.gripper_convention!r} is not one of "
-                f"{list(GRIPPER_CONVENTIONS)}"
-            )
-
-    def __call__(self, normalized: np.ndarray) -> np.ndarray:
-        """(..., A) normalised actions -> (..., A) float32 environment actions."""
-        actions = unnormalize_actions(normalized, self.stats)
-        if self.gripper_convention == "libero":
-            actions = libero_gripper(actions)
-        return actions.astype(np.float32)

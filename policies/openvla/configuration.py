@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from policies.openvla.action_tokenizer import GRIPPER_CONVENTIONS, N_ACTION_BINS
+from policies.normalization import GRIPPER_CONVENTIONS
+from policies.openvla.action_tokenizer import N_ACTION_BINS
 
 ACTION_DIM = 7  # x, y, z, roll, pitch, yaw, gripper
 DTYPES: dict[str, torch.dtype] = {
@@ -136,6 +137,11 @@ class VLAOptions:
     value_head: bool = False
 
     policy_name = "openvla"  # class attribute: used in messages
+    # Options that change how the policy runs, not what its weights mean: an ``init_from``
+    # checkpoint may have been trained with other values (see ``architecture_options``).
+    RUNTIME_OPTIONS = frozenset(
+        {"temperature", "micro_batch_size", "seed", "gradient_checkpointing", "dtype", "unnorm_key"}
+    )
 
     def __post_init__(self) -> None:
         name = self.policy_name
@@ -161,6 +167,22 @@ class VLAOptions:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def normalized_proprio_dim(self) -> int:
+        """Size of the proprio the policy reads (and normalises); OpenVLA reads none."""
+        return 0
+
+    @classmethod
+    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option (defaults filled in) but the runtime-only ones: what must match
+        between a checkpoint's training run and a run that starts from it."""
+        config = cls.from_options(options)
+        return {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name not in cls.RUNTIME_OPTIONS
+        }
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> VLAOptions:

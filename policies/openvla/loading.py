@@ -44,6 +44,10 @@ Ours only, written by :func:`save_checkpoint` under these top-level names (the O
 releases keep their action head / proprio projector in separate ``.pt`` pickles, which are
 not read): ``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``,
 ``value_head.*``.
+
+The policy's normalisation buffers (``normalizer.*``, see ``policies/normalization.py``) are
+not weights of the published layout: they are filled from the statistics when a checkpoint is
+read, and :func:`save_checkpoint` writes them as ``dataset_statistics.json``.
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ CONFIG_FILE = "config.json"
 STATISTICS_FILE = "dataset_statistics.json"
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
+STATISTICS_PREFIX = "normalizer."  # buffers filled from the statistics, not from weight files
+
+
+def is_statistics_buffer(name: str) -> bool:
+    """Whether a state-dict entry is a normalisation buffer (not a published weight)."""
+    return name.startswith(STATISTICS_PREFIX)
 
 
 def to_published_name(name: str) -> str:
@@ -188,7 +198,8 @@ def load_weights(policy: nn.Module, folder: Path) -> None:
     """Load a published checkpoint into ``policy`` (typically built on the meta device).
 
     Every parameter must be in the checkpoint and every checkpoint entry must be used; the
-    error names both lists. Tensors are assigned (no copy, no random init needed); the LM's
+    error names both lists. The normalisation buffers are the exception: they come from the
+    checkpoint's statistics (set when the policy was constructed), not from its weights. Tensors are assigned (no copy, no random init needed); the LM's
     rotary frequencies, the only non-persistent buffers, are recomputed on the CPU.
     """
     mapped = {}
@@ -196,7 +207,7 @@ def load_weights(policy: nn.Module, folder: Path) -> None:
         ours = from_published_name(key)
         if ours is not None:
             mapped[ours] = value
-    expected = set(policy.state_dict())
+    expected = {k for k in policy.state_dict() if not is_statistics_buffer(k)}
     missing, unexpected = sorted(expected - set(mapped)), sorted(set(mapped) - expected)
     if missing or unexpected:
         raise ValueError(
@@ -204,7 +215,8 @@ def load_weights(policy: nn.Module, folder: Path) -> None:
             f"{_head(unexpected)} (names as in our modules; see policies/openvla/loading.py). "
             "Options such as use_proprio / use_continuous_head must match what was trained."
         )
-    policy.load_state_dict(mapped, strict=True, assign=True)
+    # Not strict: the normalisation buffers keep what the statistics files set.
+    policy.load_state_dict(mapped, strict=False, assign=True)
     _rebuild_rotary_embeddings(policy)
     on_meta = [n for n, t in [*policy.named_parameters(), *policy.named_buffers()] if t.is_meta]
     if on_meta:
@@ -229,7 +241,7 @@ def save_checkpoint(
     policy: nn.Module,
     folder: str | os.PathLike[str],
     architecture: VLAArchitecture,
-    norm_stats: Mapping[str, Any] | None = None,
+    statistics: Mapping[str, Any] | None = None,
     tokenizer: Any = None,
     shard_size: int | None = None,
 ) -> Path:
@@ -239,7 +251,9 @@ def save_checkpoint(
         policy: the policy module (our names; see :func:`to_published_name`).
         folder: output directory (created).
         architecture: written to ``config.json``.
-        norm_stats: written as ``config.json`` ``norm_stats``.
+        statistics: ``{dataset_name: {"action": ..., "proprio": ...}}``, written as
+            ``dataset_statistics.json`` (OpenVLA-OFT's file); the normalisation buffers are
+            left out of the weights.
         tokenizer: saved with ``save_pretrained`` when given, so the folder loads as ``path``.
         shard_size: tensors per shard; ``None`` writes one ``model.safetensors``.
 
@@ -249,7 +263,9 @@ def save_checkpoint(
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
-        to_published_name(k): v.detach().cpu().contiguous() for k, v in policy.state_dict().items()
+        to_published_name(k): v.detach().cpu().contiguous()
+        for k, v in policy.state_dict().items()
+        if not is_statistics_buffer(k)
     }
     if shard_size is None:
         save_file(tensors, str(out / WEIGHTS_FILE))
@@ -262,10 +278,9 @@ def save_checkpoint(
             save_file({k: tensors[k] for k in shard}, str(out / file))
             weight_map.update(dict.fromkeys(shard, file))
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = architecture_to_config(architecture)
-    if norm_stats:
-        config["norm_stats"] = norm_stats
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (out / CONFIG_FILE).write_text(json.dumps(architecture_to_config(architecture), indent=2))
+    if statistics:
+        (out / STATISTICS_FILE).write_text(json.dumps(dict(statistics), indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
     return out

@@ -32,7 +32,7 @@ class OpenVLAPolicy(VLAPolicyBase):
     Attributes:
         vla: :class:`policies.openvla.vla.PrismaticVLA` (vision, projector, Llama).
         tokenizer: the prompt tokenizer.
-        postprocess: normalised actions -> environment actions (q01/q99, gripper).
+        normalizer: normalised actions -> environment actions (q01/q99, gripper).
         tokens_per_step: K = 7.
     """
 
@@ -70,7 +70,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         finally:
             self.train(was_training)
         normalized = self.vla.action_tokenizer.decode(tokens).cpu().numpy()
-        actions = self.postprocess(normalized)[:, None, :]
+        actions = self.normalizer.to_env(normalized)[:, None, :]
         return ActOutput(
             actions=actions, tokens=tokens.cpu(), raw_actions=None, logprobs=logprobs.cpu()
         )
@@ -106,6 +106,20 @@ class OpenVLAPolicy(VLAPolicyBase):
             )
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1).float()
 
+    def _teacher_forced_logits(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        tokens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Action logits (n, 7, 256) of each position given the stored tokens before it."""
+        # a_6 is never an input: the 7 positions ending at a_5 predict a_0 .. a_6.
+        suffix = self.vla.embed_tokens(tokens[:, :-1])
+        embeds, mask, positions = self.build_sequence(images, instructions, states, suffix)
+        hidden = self.vla.decode(embeds, mask, positions).last_hidden_state[:, -ACTION_DIM:]
+        return self.vla.action_logits(hidden)
+
     def score_steps(
         self,
         images: torch.Tensor,
@@ -117,11 +131,22 @@ class OpenVLAPolicy(VLAPolicyBase):
         """Teacher-forced log-probs and entropies (n, 7) of action tokens ``targets`` (n, 7)."""
         tokens = targets.to(self.device).long()
         index = self.vla.action_tokenizer.token_to_index(tokens)
-        # a_6 is never an input: the 7 positions ending at a_5 predict a_0 .. a_6.
-        suffix = self.vla.embed_tokens(tokens[:, :-1])
-        embeds, mask, positions = self.build_sequence(images, instructions, states, suffix)
-        hidden = self.vla.decode(embeds, mask, positions).last_hidden_state[:, -ACTION_DIM:]
-        return categorical_scores(self.vla.action_logits(hidden), index, temperature)
+        logits = self._teacher_forced_logits(images, instructions, states, tokens)
+        return categorical_scores(logits, index, temperature)
+
+    def mode_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        targets: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Teacher-forced most likely token ids (n, 7) given the stored ``targets`` (n, 7)."""
+        if targets is None:
+            raise ValueError("openvla action_mode is teacher-forced: the batch needs ACTION_TOKENS")
+        tokens = targets.to(self.device).long()
+        logits = self._teacher_forced_logits(images, instructions, states, tokens)
+        return self.vla.action_tokenizer.index_to_token(logits.argmax(-1))
 
     @classmethod
     def from_config(cls, config: OpenVLAConfig, device: torch.device) -> OpenVLAPolicy:
@@ -133,6 +158,10 @@ def build_openvla(options: Mapping[str, Any], device: torch.device | str) -> Ope
     """Registry builder: ``options`` are :class:`OpenVLAConfig` fields."""
     config = OpenVLAConfig.from_options(options)
     return OpenVLAPolicy.from_config(config, torch.device(device))
+
+
+# What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
+build_openvla.architecture_options = OpenVLAConfig.architecture_options
 
 
 POLICIES.register("openvla", build_openvla)

@@ -24,7 +24,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix timm/tran
 # isort: split
 import abc
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +36,17 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from embodied_rl import keys as K
-from embodied_rl.data.batch import strings
 from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
-from policies.openvla.action_tokenizer import (
-    ActionPostprocessor,
-    ActionTokenizer,
-    select_statistics,
+from policies.normalization import Normalizer, select_statistics
+from policies.openvla.action_tokenizer import ActionTokenizer
+from policies.openvla.configuration import (
+    ACTION_DIM,
+    TINY_ARCHITECTURE,
+    VLAArchitecture,
+    VLAOptions,
 )
-from policies.openvla.configuration import TINY_ARCHITECTURE, VLAArchitecture, VLAOptions
 from policies.openvla.loading import load_weights, read_checkpoint, save_checkpoint
+from policies.openvla.steps import StepInputs
 from policies.openvla.vision import (
     FusedVisionBackbone,
     Projector,
@@ -194,11 +196,18 @@ def categorical_scores(
 class VLAPolicyBase(nn.Module, abc.ABC):
     """Inputs, statistics and ``evaluate``'s batching shared by the VLA policies.
 
-    Subclasses set ``tokens_per_step`` and ``score_key`` (the stored field ``evaluate``
-    scores) and implement ``score_steps``; OFT adds a proprio token via ``extra_prefix``.
+    Subclasses set ``tokens_per_step``, ``chunk`` and ``score_key`` (the stored field
+    ``evaluate`` scores) and implement ``score_steps`` and ``mode_steps``; OFT adds a proprio
+    token via ``extra_prefix``.
+
+    Attributes:
+        normalizer: :class:`policies.normalization.Normalizer` (persistent statistics buffers:
+            normalised outputs -> env actions, env actions -> training targets, proprio).
+        statistics_name: the dataset name the statistics are saved under.
     """
 
     tokens_per_step: int
+    chunk: int = 1
     score_key: str = K.ACTION_TOKENS
 
     def __init__(
@@ -213,10 +222,14 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         self.tokenizer = tokenizer
         self.prompts = PromptEncoder(tokenizer)
         self.options = options
-        self.norm_stats = dict(norm_stats) if norm_stats else None
-        self.statistics = select_statistics(norm_stats, options.unnorm_key)
-        action_stats = None if self.statistics is None else self.statistics.get("action")
-        self.postprocess = ActionPostprocessor(action_stats, options.gripper_convention)
+        self.normalizer = Normalizer(
+            ACTION_DIM, options.normalized_proprio_dim, options.gripper_convention
+        )
+        self.statistics_name = "demonstrations"
+        selected = select_statistics(norm_stats, options.unnorm_key)
+        if selected is not None:
+            self.statistics_name, entry = selected
+            self.normalizer.set_statistics(entry)
         self.default_temperature = options.temperature
         self.value_head = None
         if options.value_head:
@@ -227,8 +240,38 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         return self.vla.projector.fc1.weight.device
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
-        """Write the policy in the published layout; ``path`` with the same options loads it."""
-        return save_checkpoint(self, folder, self.vla.arch, self.norm_stats, self.tokenizer)
+        """Write the policy in the published layout; ``path`` with the same options loads it.
+
+        The statistics go to ``dataset_statistics.json`` under :attr:`statistics_name`.
+        """
+        entry = self.normalizer.statistics()
+        stats = None if entry is None else {self.statistics_name: entry}
+        return save_checkpoint(self, folder, self.vla.arch, stats, self.tokenizer)
+
+    def set_statistics(self, statistics: Mapping[str, Any]) -> None:
+        """Set the normalisation statistics (a ``norm_stats`` entry, e.g. from demos)."""
+        self.normalizer.set_statistics(statistics)
+
+    def action_targets(self, actions: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """What ``evaluate`` scores for env actions: ``(score_key, (N, K))``.
+
+        Args:
+            actions: (N, chunk, 7) env actions (demonstrations).
+
+        Returns:
+            ACTION_TOKENS ids of the normalised actions (discrete: the released token
+            convention), or RAW_ACTIONS, the normalised actions themselves (continuous head).
+        """
+        if actions.shape[1:] != (self.chunk, ACTION_DIM):
+            raise ValueError(
+                f"{type(self).__name__} takes chunks of {self.chunk} x {ACTION_DIM} actions, got "
+                f"actions of shape {tuple(actions.shape)}; set the demonstrations' chunk to "
+                f"{self.chunk}"
+            )
+        normalized = self.normalizer.from_env(actions).reshape(len(actions), -1)
+        if self.score_key == K.RAW_ACTIONS:
+            return K.RAW_ACTIONS, normalized
+        return K.ACTION_TOKENS, self.vla.action_tokenizer.encode(normalized.to(self.device))
 
     def pixel_values(self, images: np.ndarray | torch.Tensor | None) -> torch.Tensor:
         """uint8 (N, H, W, 3) -> (N, 6, S, S) normalised for both towers (optionally cropped)."""
@@ -290,6 +333,50 @@ class VLAPolicyBase(nn.Module, abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (n, K) of stored ``targets`` (n, K) for n observations."""
 
+    @abc.abstractmethod
+    def mode_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        targets: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The mode (n, K) of n observations' action distributions (see ``action_mode``)."""
+
+    def _stored_targets(self, batch: TensorDict) -> torch.Tensor:
+        """``score_key`` (B, T, K) of a batch as (B * T, K), checked against K."""
+        b, t = batch[K.STEP_MASK].shape
+        targets = batch[self.score_key].reshape(b * t, -1)
+        if targets.shape[1] != self.tokens_per_step:
+            raise ValueError(
+                f"{self.score_key} has {targets.shape[1]} entries per step, expected "
+                f"{self.tokens_per_step}"
+            )
+        return targets
+
+    def action_mode(self, batch: TensorDict) -> torch.Tensor:
+        """The most likely output of every step (B, T * K), step-major, 0 on masked steps.
+
+        The continuous head's mean (normalised units, differentiable) or the most likely
+        action token id (float); autoregressive decoding (OpenVLA) is teacher-forced on the
+        stored ACTION_TOKENS, as its token accuracy is usually reported.
+        """
+        b, t = batch[K.STEP_MASK].shape
+        targets = self._stored_targets(batch) if self.score_key in batch.keys() else None
+        steps = StepInputs.from_batch(batch)
+        parts = [
+            self.mode_steps(
+                images,
+                instructions,
+                states,
+                None if targets is None else targets[rows.to(targets.device)],
+            )
+            for rows, images, instructions, states in steps.micro_batches(
+                self.options.micro_batch_size
+            )
+        ]
+        return steps.scatter(parts, self.tokens_per_step, self.device).reshape(b, -1)
+
     def evaluate(self, batch: TensorDict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies of the stored actions of trajectories (differentiable).
 
@@ -308,11 +395,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
             raise ValueError(f"evaluate temperature must be > 0, got {temperature}")
         b, t = batch[K.STEP_MASK].shape
         k = self.tokens_per_step
-        targets = batch[self.score_key].reshape(b * t, -1)
-        if targets.shape[1] != k:
-            raise ValueError(
-                f"{self.score_key} has {targets.shape[1]} entries per step, expected {k}"
-            )
+        targets = self._stored_targets(batch)
         logprobs, entropies = [], []
         steps = StepInputs.from_batch(batch)
         size = self.options.micro_batch_size
@@ -374,59 +457,6 @@ def make_value_head(hidden_size: int, seed: int) -> nn.Linear:
             nn.init.normal_(head.weight, std=1e-3)
             nn.init.zeros_(head.bias)
     return head
-
-
-class StepInputs:
-    """The valid steps of a trajectory batch, flattened to observations (shared batching).
-
-    Attributes:
-        images: (B * T, H, W, 3) uint8; states: (B * T, S) or ``None``.
-        instructions: B strings (step row r belongs to trajectory r // T).
-        valid: (n,) int64 indices of the valid steps in [0, B * T), on the CPU.
-        b, t: the batch and trajectory sizes.
-    """
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        states: torch.Tensor | None,
-        instructions: list[str],
-        valid: torch.Tensor,
-        b: int,
-        t: int,
-    ) -> None:
-        self.images, self.states, self.instructions = images, states, instructions
-        self.valid, self.b, self.t = valid, b, t
-
-    @classmethod
-    def from_batch(cls, batch: TensorDict) -> StepInputs:
-        """From OBS_IMAGE (B, T, H, W, 3), OBS_STATE (B, T, S) if any, PROMPT_TEXT, STEP_MASK."""
-        step_mask = batch[K.STEP_MASK]
-        b, t = step_mask.shape
-        images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
-        states = batch.get(K.OBS_STATE, None)
-        states = None if states is None else states.reshape(b * t, -1)
-        valid = torch.nonzero(step_mask.reshape(-1).cpu() > 0).squeeze(1)
-        return cls(images, states, strings(batch, K.PROMPT_TEXT), valid, b, t)
-
-    def micro_batches(
-        self, size: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[str], torch.Tensor | None]]:
-        """Yield (rows (m,), images (m, H, W, 3), m instructions, states (m, S) or None)."""
-        for rows in self.valid.split(size):
-            yield (
-                rows,
-                self.images[rows.to(self.images.device)],
-                [self.instructions[r // self.t] for r in rows.tolist()],
-                None if self.states is None else self.states[rows.to(self.states.device)],
-            )
-
-    def scatter(self, parts: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
-        """Per-micro-batch outputs (m, width) -> (B * T, width) float32, 0 on masked steps."""
-        full = torch.zeros(self.b * self.t, width, device=device)
-        if parts:
-            full = full.index_copy(0, self.valid.to(device), torch.cat(parts).float())
-        return full
 
 
 def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.device) -> Any:

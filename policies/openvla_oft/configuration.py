@@ -32,6 +32,11 @@ class OpenVLAOFTConfig(VLAOptions):
 
     policy_name = "openvla_oft"
 
+    @property
+    def normalized_proprio_dim(self) -> int:
+        """``proprio_dim`` with ``use_proprio``, else 0 (no proprio statistics kept)."""
+        return self.proprio_dim if self.use_proprio else 0
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk < 1:

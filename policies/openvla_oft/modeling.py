@@ -34,7 +34,6 @@ from torch import nn
 from embodied_rl import keys as K
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
-from policies.openvla.action_tokenizer import normalize_proprio
 from policies.openvla.configuration import ACTION_DIM
 from policies.openvla.vla import (
     PrismaticVLA,
@@ -144,8 +143,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
             return None
         if states is None:
             raise ValueError("openvla_oft with use_proprio needs states (N, proprio_dim)")
-        stats = None if self.statistics is None else self.statistics.get("proprio")
-        state = normalize_proprio(states.float(), stats)
+        state = self.normalizer.normalize_proprio(states.float())
         return self.proprio_projector(state.to(self.proprio_projector.fc1.weight.dtype))
 
     def action_hidden(self, images: Any, instructions: Sequence[str], states: Any) -> torch.Tensor:
@@ -216,7 +214,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         index, logprob = sample_action_index(logits, temperature, do_sample)
         tokens = self.vla.action_tokenizer.index_to_token(index).reshape(n, -1)
         normalized = self.vla.action_tokenizer.decode(tokens).reshape(n, self.chunk, ACTION_DIM)
-        actions = self.postprocess(normalized.cpu().numpy())
+        actions = self.normalizer.to_env(normalized.cpu().numpy())
         return ActOutput(
             actions=actions,
             tokens=tokens.cpu(),
@@ -234,7 +232,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         logprob = torch.distributions.Normal(mean, std).log_prob(raw)
         n = raw.shape[0]
         normalized = raw.clamp(-1.0, 1.0).reshape(n, self.chunk, ACTION_DIM)
-        actions = self.postprocess(normalized.cpu().numpy())
+        actions = self.normalizer.to_env(normalized.cpu().numpy())
         return ActOutput(
             actions=actions, tokens=None, raw_actions=raw.cpu(), logprobs=logprob.cpu()
         )
@@ -256,6 +254,20 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         dist = torch.distributions.Normal(mean, std)
         return dist.log_prob(targets.to(mean.device).float()), dist.entropy()
 
+    def mode_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        targets: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The continuous head's mean (n, K) (differentiable), or the argmax token ids (n, K)."""
+        hidden = self.action_hidden(images, instructions, states)
+        if self.action_head is not None:
+            return self.gaussian(hidden, 1.0)[0]
+        index = self.vla.action_logits(hidden).argmax(-1)
+        return self.vla.action_tokenizer.index_to_token(index)
+
     @classmethod
     def from_config(cls, config: OpenVLAOFTConfig, device: torch.device) -> OpenVLAOFTPolicy:
         """Build from a preset or a local checkpoint (see :func:`build_policy`)."""
@@ -266,6 +278,10 @@ def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) ->
     """Registry builder: ``options`` are :class:`OpenVLAOFTConfig` fields."""
     config = OpenVLAOFTConfig.from_options(options)
     return OpenVLAOFTPolicy.from_config(config, torch.device(device))
+
+
+# What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
+build_openvla_oft.architecture_options = OpenVLAOFTConfig.architecture_options
 
 
 POLICIES.register("openvla_oft", build_openvla_oft)

@@ -445,7 +445,7 @@ def test_the_validate_command_answers_bad_overrides_with_an_error_line(data, nam
         (
             ["+models.actor.dtype=float32"],
             "unknown key models.actor.dtype. Fix: use only the valid keys ['policy', 'options', "
-            "'trainable', 'optimizer', 'parallel']",
+            "'trainable', 'optimizer', 'parallel', 'init_from']",
         ),
         (["+eval.evry=2"], "unknown key eval.evry (did you mean eval.every?)"),
         (["+foo=1"], "unknown top-level key 'foo'"),

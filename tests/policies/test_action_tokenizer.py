@@ -1,19 +1,11 @@
-"""OpenVLA action tokens, q01/q99 de-normalisation, proprio normalisation, LIBERO gripper."""
+"""OpenVLA action tokens: the released convention by hand, round trips, id arithmetic."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from policies.openvla.action_tokenizer import (
-    ActionPostprocessor,
-    ActionTokenizer,
-    libero_gripper,
-    normalize_proprio,
-    select_statistics,
-    unnormalize_actions,
-)
+from policies.openvla.action_tokenizer import ActionTokenizer
 from policies.openvla.configuration import TINY_ARCHITECTURE
 
 
@@ -68,66 +60,3 @@ def test_index_token_mapping() -> None:
     assert torch.equal(tok.token_to_index(tok.index_to_token(index)), index)
     with pytest.raises(ValueError, match="not action tokens"):
         tok.token_to_index(torch.tensor([743, 800]))
-
-
-STATS = {
-    "libero_spatial_no_noops": {
-        "action": {"q01": [-1.0, 0.0, 2.0], "q99": [1.0, 4.0, 6.0], "mask": [True, True, False]},
-        "proprio": {"q01": [0.0, -2.0], "q99": [2.0, 2.0], "mask": [True, False]},
-    },
-    "other": {"action": {"q01": [0.0] * 3, "q99": [1.0] * 3}},
-}
-
-
-def test_unnormalize_by_hand() -> None:
-    stats = STATS["libero_spatial_no_noops"]["action"]
-    x = np.array([[0.0, -1.0, 0.3], [1.0, 0.5, -0.7]])
-    out = unnormalize_actions(x, stats)
-    # 0.5 (x + 1)(q99 - q01) + q01 on masked-in dims; dim 2 (mask false) unchanged.
-    assert np.allclose(out, [[0.0, 0.0, 0.3], [1.0, 3.0, -0.7]])
-    no_mask = unnormalize_actions(x, {"q01": [0.0] * 3, "q99": [2.0] * 3})
-    assert np.allclose(no_mask, x + 1.0)
-    assert np.array_equal(unnormalize_actions(x, None), x)
-    with pytest.raises(ValueError, match="action dims"):
-        unnormalize_actions(np.zeros((1, 2)), stats)
-
-
-def test_select_statistics() -> None:
-    assert select_statistics(STATS, "other") is STATS["other"]
-    assert select_statistics({"only": STATS["other"]}, None) is STATS["other"]
-    assert select_statistics(None, None) is None
-    with pytest.raises(ValueError, match="set unnorm_key to one of"):
-        select_statistics(STATS, None)
-    with pytest.raises(ValueError, match="not one of"):
-        select_statistics(STATS, "bridge_orig")
-    with pytest.raises(ValueError, match="no dataset statistics"):
-        select_statistics(None, "bridge_orig")
-
-
-def test_normalize_proprio_by_hand() -> None:
-    stats = STATS["libero_spatial_no_noops"]["proprio"]
-    state = torch.tensor([[1.0, 5.0], [3.0, -0.5], [-1.0, 0.25]])
-    out = normalize_proprio(state, stats)
-    # dim 0: 2 (s - 0) / 2 - 1 = s - 1, clipped; dim 1 (mask false): unchanged.
-    expected = torch.tensor([[0.0, 5.0], [1.0, -0.5], [-1.0, 0.25]])
-    assert torch.allclose(out, expected, atol=1e-6)
-    assert torch.equal(normalize_proprio(state, None), state)
-
-
-def test_libero_gripper() -> None:
-    actions = np.array([[0.3, 0.0], [0.3, 1.0], [0.3, 0.2], [0.3, 0.8], [0.3, 0.5]])
-    out = libero_gripper(actions)
-    # OpenVLA data: 0 = close, 1 = open; LIBERO: +1 = close, -1 = open.
-    assert out[:, 1].tolist() == [1.0, -1.0, 1.0, -1.0, 0.0]
-    assert out[:, 0].tolist() == [0.3] * 5
-    assert actions[1, 1] == 1.0  # input untouched
-
-
-def test_postprocessor() -> None:
-    stats = {"q01": [-2.0, -2.0], "q99": [2.0, 2.0], "mask": [True, False]}
-    post = ActionPostprocessor(stats, "libero")
-    out = post(np.array([[[0.25, 0.9]]]))
-    assert out.dtype == np.float32 and out.shape == (1, 1, 2)
-    assert out.tolist() == [[[0.5, -1.0]]]
-    with pytest.raises(ValueError, match="gripper_convention"):
-        ActionPostprocessor(None, "franka")

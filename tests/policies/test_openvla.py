@@ -18,8 +18,8 @@ import policies  # noqa: F401  (registers the policies)
 from embodied_rl import keys as K
 from embodied_rl.interfaces import EmbodiedPolicy
 from embodied_rl.registry import POLICIES
+from policies.normalization import Normalizer
 from policies.openvla import OpenVLAPolicy, build_openvla, save_checkpoint
-from policies.openvla.action_tokenizer import ActionPostprocessor
 from policies.openvla.loading import from_published_name, load_weights, to_published_name
 from policies.openvla.vision import center_crop_resize, images_to_float
 from policies.openvla.vla import PROMPT
@@ -168,12 +168,13 @@ def test_evaluate_is_differentiable(policy: OpenVLAPolicy) -> None:
 
 def test_policy_outputs_env_actions_with_statistics(policy: OpenVLAPolicy) -> None:
     stats = {"q01": [-2.0] * 6 + [0.0], "q99": [2.0] * 6 + [1.0], "mask": [True] * 6 + [False]}
-    saved = policy.postprocess
-    policy.postprocess = ActionPostprocessor(stats, "libero")
+    saved = policy.normalizer
+    policy.normalizer = Normalizer(7, 0, "libero")
+    policy.normalizer.set_statistics({"action": stats})
     try:
         out = policy.act(images(2, 4), INSTRUCTIONS, None, temperature=1.0, do_sample=True)
     finally:
-        policy.postprocess = saved
+        policy.normalizer = saved
     centres = policy.vla.action_tokenizer.decode(out.tokens).numpy()
     assert np.allclose(out.actions[:, 0, :6], 2.0 * centres[:, :6], atol=1e-6)
     assert np.array_equal(out.actions[:, 0, 6], -np.sign(2.0 * centres[:, 6] - 1.0))
@@ -268,15 +269,21 @@ def test_checkpoint_round_trip(policy: OpenVLAPolicy, tmp_path) -> None:
         "language_model.lm_head.weight",
     ):
         assert published in names
-    assert not any(n.startswith("vla.") or n.endswith("gamma") for n in names)
-    assert json.loads((folder / "config.json").read_text())["norm_stats"] == stats
+    assert not any(n.startswith(("vla.", "normalizer.")) or n.endswith("gamma") for n in names)
+    assert json.loads((folder / "dataset_statistics.json").read_text()) == stats
     assert (folder / "model.safetensors.index.json").is_file()
 
     loaded = build_openvla(
         {"preset": None, "path": str(folder), "gripper_convention": "libero"}, CPU
     )
     reference = policy.state_dict()
-    assert all(torch.equal(reference[k], v) for k, v in loaded.state_dict().items())
+    weights = {k: v for k, v in loaded.state_dict().items() if not k.startswith("normalizer.")}
+    assert len(weights) == len(reference) - 4 and all(
+        torch.equal(reference[k], v) for k, v in weights.items()
+    )
+    # The statistics (not in the weight files) fill the normaliser's buffers.
+    assert loaded.normalizer.statistics() == stats["libero_10_no_noops"]
+    assert loaded.statistics_name == "libero_10_no_noops"
     frozen = loaded.vla.vision_backbone.fused_featurizer.blocks[-1].attn.qkv.weight
     assert not frozen.requires_grad and loaded.vla.projector.fc1.weight.requires_grad
     obs = images(2, 7)
@@ -301,3 +308,30 @@ def test_loading_errors(policy: OpenVLAPolicy, tmp_path) -> None:
         ValueError, match=r"missing \['vla.projector.fc2.bias'\], unexpected \['vla.projector.fc4"
     ):
         load_weights(policy, folder)
+
+
+def test_bc_targets_and_teacher_forced_mode(policy: OpenVLAPolicy) -> None:
+    # The released convention: clip, digitize over linspace(-1, 1, 256), token = V - d.
+    actions = torch.tensor([[[0.0, 0.5, -1.0, 1.0, 0.25, -0.3, 1.0]]])
+    key, targets = policy.action_targets(actions)
+    tok = policy.vla.action_tokenizer
+    # No statistics, gripper_convention none: the actions are the normalised targets.
+    assert torch.equal(targets, tok.encode(actions.view(1, 7)))
+    libero = Normalizer(7, 0, "libero")
+    saved, policy.normalizer = policy.normalizer, libero
+    try:
+        key, targets = policy.action_targets(actions)
+    finally:
+        policy.normalizer = saved
+    normalized = torch.tensor([[0.0, 0.5, -1.0, 1.0, 0.25, -0.3, 0.0]])  # 1 - clip(g, 0, 1)
+    assert key == K.ACTION_TOKENS and torch.equal(targets, tok.encode(normalized))
+    with pytest.raises(ValueError, match="chunk to 1"):
+        policy.action_targets(torch.zeros(1, 2, 7))
+    # Greedy decoding is its own teacher: the teacher-forced mode of greedy tokens is them.
+    obs = images(4, 9)
+    prompts = [INSTRUCTIONS[0]] * 2 + [INSTRUCTIONS[1]] * 2
+    greedy = policy.act(obs, prompts, None, temperature=1.0, do_sample=False).tokens
+    with torch.no_grad():
+        mode = policy.action_mode(trajectories(obs, greedy, INSTRUCTIONS))
+    assert torch.equal(mode.view(2, 3, 7)[:, :2].reshape(4, 7).long(), greedy)
+    assert bool((mode.view(2, 3, 7)[:, 2] == 0).all())

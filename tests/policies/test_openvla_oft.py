@@ -5,6 +5,7 @@ from __future__ import annotations
 import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
 
 # isort: split
+import json
 import math
 
 import numpy as np
@@ -222,14 +223,20 @@ def test_proprio_token(continuous: OpenVLAOFTPolicy) -> None:
 def test_checkpoint_round_trip_with_heads(
     continuous: OpenVLAOFTPolicy, discrete: OpenVLAOFTPolicy, tmp_path
 ) -> None:
-    continuous.norm_stats = STATS  # written to config.json by save_pretrained
-    try:
+    without = {k: v.clone() for k, v in continuous.normalizer.state_dict().items()}
+    continuous.set_statistics(STATS["libero_10_no_noops"])
+    continuous.statistics_name = "libero_10_no_noops"
+    try:  # the statistics go to dataset_statistics.json
         folder = continuous.save_pretrained(tmp_path / "oft")
     finally:
-        continuous.norm_stats = None
+        continuous.normalizer.load_state_dict(without)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         names = set(handle.keys())
     assert {"proprio_projector.fc1.weight", "action_head.fc_in.weight", "action_log_std"} <= names
+    assert not any(name.startswith("normalizer.") for name in names)
+    saved = json.loads((folder / "dataset_statistics.json").read_text())["libero_10_no_noops"]
+    assert saved["action"]["q01"] == STATS["libero_10_no_noops"]["action"]["q01"]
+    assert saved["proprio"]["mask"] == [True] * 8
     assert "vision_backbone.featurizer.blocks.2.ls2.scale_factor" in names
     options = {"preset": None, "path": str(folder), "use_continuous_head": True}
     loaded = build_openvla_oft({**options, "use_proprio": True, "chunk": 4}, CPU)
@@ -276,3 +283,24 @@ def test_value_head_values_shapes_masked_zeros_gradient_and_seed() -> None:
     assert torch.equal(plain.vla.projector.fc1.weight, again.vla.projector.fc1.weight)
     with pytest.raises(ValueError, match="no value head"):
         plain.values(batch)
+
+
+def test_bc_targets_and_mode_match_greedy_act(
+    discrete: OpenVLAOFTPolicy, continuous: OpenVLAOFTPolicy
+) -> None:
+    obs, state = images(4, 9), states(4, 9)
+    actions = torch.rand(4, 4, 7) * 2 - 1
+    key, targets = continuous.action_targets(actions)
+    expected = continuous.normalizer.from_env(actions).reshape(4, 28)
+    assert key == K.RAW_ACTIONS and torch.equal(targets, expected)
+    key, tokens = discrete.action_targets(torch.rand(1, 8, 7))
+    assert key == K.ACTION_TOKENS and tokens.shape == (1, 56)
+    for policy, stored in ((discrete, K.ACTION_TOKENS), (continuous, K.RAW_ACTIONS)):
+        greedy = policy.act(obs, prompts(), state, temperature=1.0, do_sample=False)
+        best = greedy.tokens.float() if stored == K.ACTION_TOKENS else greedy.raw_actions
+        placeholder = torch.zeros(4, policy.tokens_per_step, dtype=best.dtype)
+        with torch.no_grad():
+            mode = policy.action_mode(trajectories(obs, state, stored, placeholder))
+        steps = mode.view(2, 3, -1)
+        assert torch.allclose(steps[:, :2].reshape(4, -1), best, atol=1e-5)
+        assert bool((steps[:, 2] == 0).all())

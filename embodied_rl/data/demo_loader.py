@@ -1,0 +1,243 @@
+"""Demonstration steps for behaviour cloning, sharded over data-parallel ranks and resumable.
+
+A *row* is one step ``t`` of one demo: its observation (camera image, proprio, instruction)
+and the chunk of the next ``C`` env actions ``actions[t : t + C]``; near the end of an
+episode the chunk is padded with the demo's last action and the padded actions are masked
+out of the loss. Rows are drawn by :class:`embodied_rl.data.sampler.EpochSampler` (the same
+per-epoch permutation on every rank, each rank its own slice), so a resumed run sees the
+batches the interrupted one would have seen.
+
+Every rank reads the actions and proprio of all selected demos at start-up (a few floats per
+step: the statistics need them all) and the camera frames of a demo only when one of its rows
+is first drawn, resized to the rollout's observation size and cached.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.data.batch import make_batch
+from embodied_rl.data.demos import (
+    ACTION_DIM,
+    DemoInfo,
+    dataset_statistics,
+    find_demo_files,
+    load_demo,
+    scan_demo_file,
+)
+from embodied_rl.data.sampler import EpochSampler
+from embodied_rl.data.tasks import is_heldout
+
+CAMERAS = ("agentview",)  # the policy image rollout.env passes to act (OBS_IMAGE)
+
+
+def select_demos(
+    paths: Sequence[str], max_demos_per_task: int | None, heldout_every: int
+) -> list[DemoInfo]:
+    """Scan the demo files and keep the first ``max_demos_per_task`` demos of each task.
+
+    Demos are taken in file order, then demo order; a task is an instruction.
+
+    Raises:
+        DemoFormatError / FileNotFoundError: from the reader (naming file, demo and key).
+        ValueError: a selected demo started from a held-out init state (see
+            :func:`check_not_heldout`).
+    """
+    infos = [info for path in find_demo_files(paths) for info in scan_demo_file(path)]
+    taken: Counter[str] = Counter()
+    selected = []
+    for info in infos:
+        if max_demos_per_task is None or taken[info.instruction] < max_demos_per_task:
+            taken[info.instruction] += 1
+            selected.append(info)
+    check_not_heldout(selected, heldout_every)
+    return selected
+
+
+def check_not_heldout(infos: Sequence[DemoInfo], heldout_every: int) -> None:
+    """Refuse demos that started from a held-out init state (the rule of ``data/tasks.py``).
+
+    Demos without ``embodied_rl_init_state_id`` (e.g. LIBERO's published files, recorded
+    from their own start states) cannot be checked and pass.
+    """
+    for info in infos:
+        init = info.init_state_id
+        if init is not None and is_heldout(init, heldout_every):
+            raise ValueError(
+                f"{info.source} started from init state {init}, which is held out for "
+                f"evaluation (every {heldout_every}-th: {heldout_every - 1}, "
+                f"{2 * heldout_every - 1}, ...). Training on it would leak the evaluation "
+                "split. Fix: record demos from training init states only, remove this demo, or "
+                "set data.heldout_every to match the evaluation's split"
+            )
+
+
+def resize_frames(frames: np.ndarray, size: int | None) -> np.ndarray:
+    """(T, H, W, 3) uint8 -> (T, size, size, 3) uint8; as-is for None.
+
+    Downscaling averages the input pixels each output pixel covers (a box filter, like a
+    camera sensor integrating over a larger pixel); upscaling is bilinear.
+    """
+    if size is None or frames.shape[1:3] == (size, size):
+        return frames
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+    if size <= min(frames.shape[1:3]):
+        x = F.interpolate(x, size=(size, size), mode="area")
+    else:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
+    """DrQ's random shift (arXiv 2004.13649): pad by ``pad`` (edge pixels), crop back at a
+    random offset per image. images: (N, H, W, 3) uint8 -> (N, H, W, 3) uint8."""
+    if pad <= 0 or len(images) == 0:
+        return images
+    n, h, w, _ = images.shape
+    padded = F.pad(images.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator)
+    crops = [padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(offsets.tolist())]
+    return torch.stack(crops).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+class DemoLoader:
+    """This rank's rows of demonstration steps, ``global_batch_size / dp_size`` per step.
+
+    Attributes:
+        infos: the selected demos; statistics: their OpenVLA-format ``norm_stats`` entry.
+        sampler: the sharded, resumable row order.
+    """
+
+    def __init__(
+        self,
+        infos: Sequence[DemoInfo],
+        *,
+        chunk: int,
+        cameras: Sequence[str],
+        image_size: int | None,
+        global_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int,
+        shuffle: bool = True,
+        shift: int = 0,
+    ) -> None:
+        if not infos:
+            raise ValueError("no demonstrations selected; check data.paths")
+        unknown = sorted(set(cameras) - set(CAMERAS))
+        if unknown:
+            raise ValueError(f"cameras {unknown} are not observed by the policy; use {CAMERAS}")
+        self.infos, self.chunk, self.cameras = list(infos), chunk, tuple(cameras)
+        self.image_size, self.shift, self.seed, self.dp_rank = image_size, shift, seed, dp_rank
+        demos = [load_demo(info, cameras=()) for info in self.infos]  # no pixels yet
+        self.actions = [torch.from_numpy(d.actions) for d in demos]
+        self.proprio = [torch.from_numpy(d.proprio) for d in demos]
+        self.statistics = dataset_statistics([d.actions for d in demos], [d.proprio for d in demos])
+        lengths = [info.length for info in self.infos]
+        self.row_demo = np.repeat(np.arange(len(lengths)), lengths)
+        self.row_step = np.concatenate([np.arange(n) for n in lengths])
+        # Demos are few: repeat rows to fill the last batch of an epoch rather than drop them.
+        self.sampler = EpochSampler(
+            len(self.row_demo),
+            global_batch_size=global_batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=False,
+            source="the demonstrations",
+        )
+        self._frames: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Rows dropped at start-up by reason: none (bad files are refused, not dropped)."""
+        return {}
+
+    def frames(self, demo: int) -> np.ndarray:
+        """(T, S, S, 3) uint8 camera frames of a demo, read and resized on first use."""
+        if demo not in self._frames:
+            images = load_demo(self.infos[demo], cameras=self.cameras).images
+            self._frames[demo] = resize_frames(images[self.cameras[0]], self.image_size)
+        return self._frames[demo]
+
+    def action_chunk(self, demo: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``actions[step : step + C]`` (C, 7), padded with the last action, and its mask (C,)."""
+        actions = self.actions[demo]
+        index = torch.arange(step, step + self.chunk)
+        valid = (index < len(actions)).float()
+        return actions[index.clamp(max=len(actions) - 1)], valid
+
+    def next_batch(self) -> TensorDict:
+        """This rank's rows of the next step (see :meth:`rows_batch`)."""
+        rows, sample_ids = self.sampler.current()
+        key = f"{self.seed}/{self.sampler.epoch}/{self.sampler.step_in_epoch}/{self.dp_rank}"
+        generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+        self.sampler.advance()
+        return self.rows_batch(rows, sample_ids, generator)
+
+    def rows_batch(
+        self, rows: Sequence[int], sample_ids: Sequence[int], generator: torch.Generator
+    ) -> TensorDict:
+        """One-step trajectories (T = 1) of the given rows.
+
+        Returns:
+            OBS_STATE (n, 1, 8), OBS_IMAGE (n, 1, S, S, 3) uint8 (with a camera; randomly
+            shifted with ``shift``), PROMPT_TEXT, ACTIONS (n, C, 7) env actions,
+            RESPONSE_MASK (n, C * 7) (0 on padded actions), STEP_MASK (n, 1), SAMPLE_ID (n,),
+            INIT_STATE_ID (n,) the demo's init state (-1: unknown).
+        """
+        demos, steps = self.row_demo[list(rows)], self.row_step[list(rows)]
+        chunks = [self.action_chunk(int(d), int(t)) for d, t in zip(demos, steps)]
+        n = len(rows)
+        fields: dict[str, Any] = {
+            K.OBS_STATE: torch.stack(
+                [self.proprio[int(d)][int(t)] for d, t in zip(demos, steps)]
+            ).view(n, 1, -1),
+            K.PROMPT_TEXT: [self.infos[int(d)].instruction for d in demos],
+            K.ACTIONS: torch.stack([c[0] for c in chunks]).float(),
+            K.RESPONSE_MASK: torch.stack([c[1] for c in chunks]).repeat_interleave(ACTION_DIM, 1),
+            K.STEP_MASK: torch.ones(n, 1),
+            K.SAMPLE_ID: torch.as_tensor(list(sample_ids), dtype=torch.int64),
+            K.INIT_STATE_ID: torch.as_tensor(
+                [_init_id(self.infos[int(d)]) for d in demos], dtype=torch.int64
+            ),
+        }
+        if self.cameras:
+            images = torch.from_numpy(
+                np.stack([self.frames(int(d))[int(t)] for d, t in zip(demos, steps)])
+            )
+            fields[K.OBS_IMAGE] = random_shift(images, self.shift, generator)[:, None]
+        return make_batch(fields)
+
+    def state_dict(self) -> dict[str, Any]:
+        sources = [info.source for info in self.infos]
+        return {**self.sampler.state_dict(), "rows": len(self.row_demo), "demos": sources}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; refuses other demonstrations."""
+        sources = [info.source for info in self.infos]
+        if state["rows"] != len(self.row_demo) or state["demos"] != sources:
+            raise ValueError(
+                f"demo loader state was saved for {len(state['demos'])} demos "
+                f"({state['rows']} steps), this run selects {len(sources)} ({len(self.row_demo)} "
+                "steps); resume with the same data.paths and max_demos_per_task"
+            )
+        self.sampler.load_state_dict(state)
+
+
+def _init_id(info: DemoInfo) -> int:
+    return -1 if info.init_state_id is None else info.init_state_id

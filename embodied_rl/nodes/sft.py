@@ -1,0 +1,113 @@
+"""Behaviour cloning on demonstrations (``sft.train``), on the trainer's update machinery.
+
+The input is a batch of one-step trajectories from ``data.demos``: observations, the chunk of
+demonstrated env actions (ACTIONS (n, C, A)) and the mask of its real (unpadded) actions
+(RESPONSE_MASK (n, C * A)). The policy turns the actions into what it scores
+(``action_targets``, see ``embodied_rl/interfaces.py``); discrete heads are trained with the
+token cross-entropy, continuous heads with the L1 regression of their mean
+(``embodied_rl/algorithms/bc.py``), normalised by the global count of valid action tokens.
+Gradients are synced, clipped and guarded against non-finite values exactly as in
+``actor.train`` (:func:`embodied_rl.nodes.train.mini_batch_update`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.algorithms.bc import l1_regression, token_accuracy, token_cross_entropy
+from embodied_rl.algorithms.losses import GlobalCounts
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.nodes.train import (
+    check_max_bad_steps,
+    count_bad_steps,
+    create_bad_step_counter,
+    global_counts,
+    mini_batch_update,
+)
+from embodied_rl.runtime.context import NodeContext
+
+
+@dataclass
+class SFTTrainConfig:
+    """Options of ``sft.train``.
+
+    Attributes:
+        model: the trainable policy (its optimizer comes from ``models.<name>``).
+        micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
+        max_bad_steps: stop after this many consecutive steps with a skipped (non-finite)
+            update; 0 never stops.
+    """
+
+    model: str = "actor"
+    micro_batch_size: int = 16
+    max_bad_steps: int = 3
+
+    def __post_init__(self) -> None:
+        check_max_bad_steps(self.max_bad_steps)
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@register_node(
+    "sft.train",
+    reads=(K.ACTIONS, K.RESPONSE_MASK, K.STEP_MASK),
+    writes=(),
+    config=SFTTrainConfig,
+    setup=create_bad_step_counter,
+)
+def sft_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """One optimizer update of behaviour cloning on this rank's demonstration steps.
+
+    Logs ``sft/loss``, ``sft/l1`` (continuous heads) or ``sft/token_accuracy`` (discrete
+    heads), ``sft/grad_norm`` and ``sft/skipped_updates``.
+    """
+    cfg: SFTTrainConfig = ctx.node_config
+    policy = ctx.models[cfg.model]
+    policy.train()
+    key, targets = policy.action_targets(batch[K.ACTIONS])
+    width = batch[K.RESPONSE_MASK].shape[-1]
+    if targets.shape[-1] != width:
+        raise ValueError(
+            f"the policy scores {targets.shape[-1]} outputs per step but the demonstration "
+            f"rows carry {width} action dimensions; give data.demos the policy's chunk"
+        )
+    batch[key] = targets.unsqueeze(1)  # (n, T = 1, K), what evaluate reads
+    loss = partial(_bc_loss, ctx, policy, key=key, counts=global_counts(ctx, batch))
+    grad_norm, skipped = mini_batch_update(ctx, cfg.model, batch, cfg.micro_batch_size, loss)
+    if not skipped:
+        ctx.metrics.log("sft/grad_norm", grad_norm, reduce="max")
+    count_bad_steps(ctx, "sft", int(skipped), cfg.max_bad_steps, cfg.model)
+    return batch
+
+
+def _bc_loss(
+    ctx: NodeContext,
+    policy: torch.nn.Module,
+    micro: TensorDict,
+    key: str,
+    counts: GlobalCounts,
+) -> torch.Tensor:
+    """This micro-batch's share of the batch's behaviour-cloning loss; logs its metric shares."""
+    mask = micro[K.RESPONSE_MASK].float()
+    target = micro[key].reshape(len(mask), -1)
+    if key == K.RAW_ACTIONS:  # continuous head: L1 of the mean (OpenVLA-OFT)
+        mean = policy.action_mode(micro)
+        loss = l1_regression(mean, target.to(mean.device), mask.to(mean.device), counts)
+        metrics = {"sft/loss": loss.detach(), "sft/l1": loss.detach()}
+    else:  # discrete head: -log p of the demonstrated tokens at temperature 1
+        logprobs, _ = policy.evaluate(micro, 1.0)
+        mask = mask.to(logprobs.device)
+        loss = token_cross_entropy(logprobs, mask, counts)
+        with torch.no_grad():
+            mode = policy.action_mode(micro)
+        accuracy = token_accuracy(mode, target.to(mode.device), mask, counts)
+        metrics = {"sft/loss": loss.detach(), "sft/token_accuracy": accuracy}
+    if ctx.tp_rank == 0:  # shares of a global mean add up over ranks and micro-batches
+        for name, value in metrics.items():
+            ctx.metrics.log(name, value.item(), reduce="sum")
+    return loss
