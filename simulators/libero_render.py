@@ -23,6 +23,8 @@ Frames come as MuJoCo gives them: ``(H, W, 3)`` uint8, bottom row first (robosui
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -53,9 +55,9 @@ class TaskRenderer:
         from robosuite.utils.binding_utils import GLContext
 
         self._gl = GLContext(max_width=640, max_height=480, device_id=-1)
-        self._gl.make_current()
-        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
-        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        with self._current():
+            self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+            mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=MAX_SCENE_GEOMS)
         self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = int(reflections)
         self._option = mujoco.MjvOption()
@@ -86,21 +88,36 @@ class TaskRenderer:
                 f"{self._context.offHeight} pixels (the model's offscreen buffer), got {size}"
             )
         self._camera.fixedcamid = model.camera(camera).id
-        self._gl.make_current()  # several renderers in one process: draw with ours
-        mujoco.mjv_updateScene(
-            model,
-            data,
-            self._option,
-            self._perturb,
-            self._camera,
-            mujoco.mjtCatBit.mjCAT_ALL,
-            self._scene,
-        )
-        viewport = mujoco.MjrRect(0, 0, size, size)
-        mujoco.mjr_render(viewport, self._scene, self._context)
-        frame = np.empty((size, size, 3), np.uint8)
-        mujoco.mjr_readPixels(frame, None, viewport, self._context)
+        with self._current():  # several renderers in one process: draw with ours
+            mujoco.mjv_updateScene(
+                model,
+                data,
+                self._option,
+                self._perturb,
+                self._camera,
+                mujoco.mjtCatBit.mjCAT_ALL,
+                self._scene,
+            )
+            viewport = mujoco.MjrRect(0, 0, size, size)
+            mujoco.mjr_render(viewport, self._scene, self._context)
+            frame = np.empty((size, size, 3), np.uint8)
+            mujoco.mjr_readPixels(frame, None, viewport, self._context)
         return frame
+
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        """Make our GL context current for the block, then release it from this thread.
+
+        An EGL context is current in at most one thread, and making it current in another
+        fails (``EGL_BAD_ACCESS``): a DAG worker steps its envs in one thread and is asked to
+        close them from another (Ray runs actor calls in a thread pool), so the context is
+        never left bound to a thread.
+        """
+        self._gl.make_current()
+        try:
+            yield
+        finally:
+            _release_egl_context(self._gl)
 
     def close(self) -> None:
         """Free the MuJoCo render context and the GL context; idempotent.
@@ -112,10 +129,22 @@ class TaskRenderer:
         """
         context: Any = getattr(self, "_context", None)
         if context is not None:
-            self._gl.make_current()
-            context.free()
+            with self._current():
+                context.free()
             self._context = None
             self._gl.free()
 
     def __del__(self) -> None:
         self.close()  # not left to MjrContext's destructor: see close()
+
+
+def _release_egl_context(gl: Any) -> None:
+    """Unbind the current EGL context from this thread (other GL back-ends need nothing)."""
+    if type(gl).__name__ != "EGLGLContext":
+        return
+    from robosuite.renderers.context import egl_context
+
+    egl = egl_context.EGL
+    egl.eglMakeCurrent(
+        egl_context.EGL_DISPLAY, egl.EGL_NO_SURFACE, egl.EGL_NO_SURFACE, egl.EGL_NO_CONTEXT
+    )

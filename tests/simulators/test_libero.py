@@ -9,6 +9,7 @@ of steps. Tests that need LIBERO are marked ``libero`` and skip when it is not i
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.util
 import os
@@ -397,3 +398,20 @@ def test_each_task_is_drawn_with_its_own_gl_context(env):
         assert (wrong != alone[0]).mean() > 0.05  # what sharing one context across tasks gives
     finally:
         spatial.close()
+
+
+@pytest.mark.libero
+@requires_libero
+def test_envs_stepped_in_one_thread_draw_and_close_in_another(env):
+    # A DAG worker (a threaded Ray actor) steps its envs in one pool thread and closes them
+    # from another while the first lives on; an EGL context left current in a live thread
+    # cannot be made current in another (EGL_BAD_ACCESS).
+    other = SIMULATORS.get("libero")({**OPTIONS, "max_steps": 4}, 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as stepper:
+        stepper.submit(other.reset, [TASK], [INIT]).result()
+        stepped = stepper.submit(other.step, MOVES[:1]).result().obs.image
+        first = env.reset([TASK], [INIT]).image  # this thread draws with the module env
+        np.testing.assert_array_equal(env.step(MOVES[:1]).obs.image, stepped)
+        other.close()  # from this thread, while the stepping thread is alive
+        assert other._assets == {}
+    np.testing.assert_array_equal(env.reset([TASK], [INIT]).image, first)
