@@ -171,7 +171,7 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         raw_obs = raw.set_init_state(init_states[INIT])
         unsettled = _expected_proprio(raw_obs)
         for _ in range(10):
-            raw_obs, _, _, _ = raw.step(list(NOOP_ACTION))
+            raw_obs, _, _, _ = _raw_step(raw, list(NOOP_ACTION))
 
         obs = env.reset([TASK], [INIT])
         assert isinstance(obs, LiberoObs)
@@ -179,13 +179,14 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         _assert_matches_raw(obs, raw_obs)
         assert not np.array_equal(obs.image[0], raw_obs["agentview_image"])  # flip matters
         assert not np.allclose(obs.state[0], unsettled, atol=1e-4)  # the settle steps happened
+        _raw_current(raw)
         video = raw.sim.render(camera_name="agentview", width=96, height=96)  # render_size
         np.testing.assert_array_equal(env.render()[0], video[::-1, ::-1])
 
         # The next no-op is the raw env's 11th: the states differ, so 11 settle steps would
         # have been caught above; the wrapper's first counted step equals it.
         result = env.step(np.array([NOOP_ACTION], np.float32))
-        raw_obs, _, _, _ = raw.step(list(NOOP_ACTION))
+        raw_obs, _, _, _ = _raw_step(raw, list(NOOP_ACTION))
         assert not np.allclose(obs.state[0], _expected_proprio(raw_obs), atol=1e-6)
         _assert_matches_raw(result.obs, raw_obs)
 
@@ -193,7 +194,7 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         # rest reaches the env unchanged (no rescaling, no gripper flip).
         action = np.array([[1.7, -0.4, 0.3, 0.0, 0.05, -2.0, 1.0]], np.float32)
         result = env.step(action)
-        raw_obs, _, _, _ = raw.step(np.clip(action[0], -1, 1).tolist())
+        raw_obs, _, _, _ = _raw_step(raw, np.clip(action[0], -1, 1).tolist())
         _assert_matches_raw(result.obs, raw_obs)
         assert result.success[0] == raw.check_success() and not result.done[0]
         assert result.reward[0] == 0.0
@@ -202,10 +203,21 @@ def test_observations_and_steps_match_the_raw_env(env, libero_task):
         chunk = MOVES
         result = env.step_chunk(chunk[None])
         for action in chunk:
-            raw_obs, _, _, _ = raw.step(action.tolist())
+            raw_obs, _, _, _ = _raw_step(raw, action.tolist())
         _assert_matches_raw(result.obs, raw_obs)
     finally:
         _close_raw(raw)
+
+
+def _raw_current(raw) -> None:
+    """Make the raw env's GL context current: robosuite draws (camera observations,
+    ``sim.render``) with whichever context is current, and our renderers release theirs."""
+    raw.sim._render_context_offscreen.gl_ctx.make_current()
+
+
+def _raw_step(raw, action):
+    _raw_current(raw)
+    return raw.step(action)
 
 
 def _close_raw(raw) -> None:
@@ -214,7 +226,7 @@ def _close_raw(raw) -> None:
     robosuite frees its render context's GL objects in whichever GL context is current:
     under one of our renderers' contexts it would delete that renderer's textures.
     """
-    raw.sim._render_context_offscreen.gl_ctx.make_current()
+    _raw_current(raw)
     raw.close()
 
 
