@@ -161,10 +161,20 @@ def _raw_env(vec: LiberoVectorEnv) -> Any:
     return envs[0]
 
 
-def _recorder(scene: Scene, obs: Any, record: bool, frames: dict[str, list]) -> None:
-    """Append the observation before an action to ``frames`` (when recording)."""
-    if not record:
-        return
+# What a recorded step stores besides its action (DemoEpisode fields, LIBERO's keys).
+FRAME_KEYS = (
+    "agentview_rgb",
+    "eye_in_hand_rgb",
+    "ee_states",
+    "gripper_states",
+    "joint_states",
+    "states",
+    "robot_states",
+)
+
+
+def _record(scene: Scene, obs: Any, frames: dict[str, list]) -> None:
+    """Append the observation before an action (and the sim state) to ``frames``."""
     frames["agentview_rgb"].append(obs.image[0])
     frames["eye_in_hand_rgb"].append(obs.wrist_image[0])
     frames["ee_states"].append(obs.state[0, :6])
@@ -172,6 +182,31 @@ def _recorder(scene: Scene, obs: Any, record: bool, frames: dict[str, list]) -> 
     frames["joint_states"].append(scene.joint_positions())
     frames["states"].append(scene.flat_state())
     frames["robot_states"].append(scene.robot_state_vector())
+
+
+def _drive(
+    vec: LiberoVectorEnv, planner: PickPlacePlanner, obs: Any, frames: dict[str, list] | None
+) -> tuple[list[np.ndarray], bool, str | None]:
+    """Step ``vec`` with the planner's actions until success, failure or the step limit.
+
+    Returns:
+        ``(actions, success, failure reason)``; ``frames`` (when given) gets each step.
+    """
+    actions: list[np.ndarray] = []
+    while len(actions) < vec.spec.max_steps:
+        action = planner.act()
+        if planner.failure is not None:
+            return actions, False, planner.failure
+        if frames is not None:
+            _record(planner.scene, obs, frames)
+        actions.append(action)
+        result = vec.step(action[None])
+        obs = result.obs
+        if result.done[0]:
+            break
+    if result.success[0]:
+        return actions, True, None
+    return actions, False, f"no success in {vec.spec.max_steps} steps (phase {planner.phase!r})"
 
 
 def run_episode(
@@ -187,40 +222,13 @@ def run_episode(
     """
     obs = vec.reset([task.task_id], [init_state_id])
     scene = Scene(_raw_env(vec))
-    record = vec.config.cameras != ()
-    frames: dict[str, list] = {
-        key: []
-        for key in (
-            "agentview_rgb",
-            "eye_in_hand_rgb",
-            "ee_states",
-            "gripper_states",
-            "joint_states",
-            "states",
-            "robot_states",
-        )
-    }
-    actions: list[np.ndarray] = []
-    success, failure = False, None
+    frames = {key: [] for key in FRAME_KEYS} if vec.config.cameras else None
     try:
-        planner = PickPlacePlanner(scene, steps, config)
-        while len(actions) < vec.spec.max_steps:
-            action = planner.act()
-            if planner.failure is not None:
-                failure = planner.failure
-                break
-            _recorder(scene, obs, record, frames)
-            actions.append(action)
-            result = vec.step(action[None])
-            obs, success = result.obs, bool(result.success[0])
-            if result.done[0]:
-                break
-    except UnsupportedGoalError as err:
-        failure = str(err)
-    if not success and failure is None:
-        failure = f"no success within {vec.spec.max_steps} steps (phase {planner.phase!r})"
+        actions, success, failure = _drive(vec, PickPlacePlanner(scene, steps, config), obs, frames)
+    except UnsupportedGoalError as err:  # e.g. an object no grasp fits
+        return EpisodeResult(init_state_id, False, 0, str(err))
     episode = None
-    if success and record:
+    if success and frames is not None:
         episode = DemoEpisode(
             actions=np.stack(actions),
             **{key: np.stack(values) for key, values in frames.items()},

@@ -14,10 +14,11 @@ clipped. With gain 1 the controller's goal is exactly the waypoint whenever the 
 within one action's reach, and OSC's critically damped impedance brings the eef there
 without overshoot; further away the action saturates (about 1.2 cm per step).
 
-Grasps are top-down with the fingers vertical. The yaw puts the fingers across the object's
-narrowest horizontal width (a box is taken across its short side; round objects keep the
-current yaw); the height is ``grasp_depth`` below the object's top, no lower than
-``floor_clearance`` above its bottom.
+Grasps are top-down with the fingers vertical (:mod:`simulators.libero_grasp`): across the
+object's narrowest horizontal width (a box across its short side; round objects keep the
+current yaw), turned away from neighbours the hand would hit, ``grasp_depth`` below the
+object's top. Moves at height (approach, carry) rise above every object near the path. The
+held object is placed by its body position, which is what LIBERO's goal tests check.
 """
 
 from __future__ import annotations
@@ -230,9 +231,7 @@ class PickPlacePlanner:
         if s.phase in ("close", "release"):
             low, high = c.close_steps if s.phase == "close" else c.release_steps
             return s.phase_steps >= high or (s.phase_steps >= low and s.gripper_settled)
-        if s.phase == "lift":
-            return z < 2 * c.position_tolerance
-        if s.phase in ("retreat", "reopen"):
+        if s.phase in ("lift", "retreat", "reopen"):  # vertical moves: the height matters
             return z < 2 * c.position_tolerance
         raise AssertionError(f"unknown phase {s.phase}")
 

@@ -225,9 +225,10 @@ def test_scene_matches_the_robot_and_the_observation(env):
     ]
     across = (pads[1] - pads[0]) / np.linalg.norm(pads[1] - pads[0])
     assert abs(across @ rotation[:, 0]) > 0.999
-    assert scene.finger_opening() == pytest.approx(np.sum(np.abs(obs.state[0, 6:8])), abs=1e-6)
+    # robosuite samples the finger observation during the step's last substep: 1e-5 apart
+    assert scene.finger_opening() == pytest.approx(np.sum(np.abs(obs.state[0, 6:8])), abs=1e-4)
     robot = scene.robot_state_vector()
-    np.testing.assert_allclose(robot[:2], obs.state[0, 6:8], atol=1e-6)
+    np.testing.assert_allclose(robot[:2], obs.state[0, 6:8], atol=1e-4)
     np.testing.assert_allclose(robot[2:5], obs.state[0, :3], atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(robot[5:]), 1.0, atol=1e-9)
     assert scene.action_scale()[0] == pytest.approx([0.05] * 3)
@@ -235,9 +236,9 @@ def test_scene_matches_the_robot_and_the_observation(env):
     assert cheese[:, 2].min() == pytest.approx(0.0, abs=2e-3)
     assert cheese[:, 2].max() == pytest.approx(0.018, abs=2e-3)
     # the basket's contain region: half sizes (0.06108, 0.06108, 0.06949) in the asset,
-    # the bottom lowered by 1 cm like LIBERO's in_box
+    # the bottom lowered by 1 cm like LIBERO's in_box (the basket tilts slightly: 1 mm)
     box = scene.region_box("basket_1_contain_region")
-    np.testing.assert_allclose(box.high - box.low, [0.12216, 0.12216, 0.14898], atol=1e-4)
+    np.testing.assert_allclose(box.high - box.low, [0.12216, 0.12216, 0.14898], atol=1e-3)
     assert not scene.success() and not scene.is_grasping("cream_cheese_1")
 
 
@@ -259,11 +260,11 @@ def test_planner_puts_the_cream_cheese_in_the_basket(env, init):
 @requires_libero
 def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
     out = tmp_path / "demos"
-    args = ["demos", "--tasks", "0", "--init-states", "0", "--image-size", "32", "--out"]
+    args = ["demos", "--tasks", "1", "--init-states", "0", "--image-size", "32", "--out"]
     assert main([*args, str(out), "--no-progress"]) == 0
-    name = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
+    name = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
     (info,) = scan_demo_file(out / f"{name}_demo.hdf5")
-    assert info.instruction == "pick up the alphabet soup and place it in the basket"
+    assert info.instruction == "pick up the cream cheese and place it in the basket"
     assert info.init_state_id == 0 and info.image_shape == (32, 32, 3)
     assert 40 < info.length < 200
     demo = load_demo(info, cameras=("agentview", "wrist"))
@@ -275,15 +276,15 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
         data = f["data"]
         assert (data.attrs["embodied_rl_suite"], data.attrs["embodied_rl_task_id"]) == (
             "libero_object",
-            0,
+            1,
         )
         assert json.loads(data.attrs["env_args"])["env_kwargs"]["camera_heights"] == 32
         states = np.asarray(data["demo_0/states"])
         np.testing.assert_array_equal(data["demo_0"].attrs["init_state"], states[0])
         assert data["demo_0/robot_states"].shape == (info.length, 9)
 
-    # Open-loop replay in a fresh simulator: the same observations, success on the last step.
-    obs = env.reset([0], [0])
+    # Open-loop replay in another simulator: the same observations, success on the last step.
+    obs = env.reset([1], [0])
     for t, action in enumerate(demo.actions):
         np.testing.assert_allclose(obs.state[0], demo.proprio[t], atol=1e-5)
         result = env.step(action[None])
