@@ -475,6 +475,8 @@ def demos_command(
                 ids = range(task.num_init_states)
                 results, _ = run_task(suite, task, steps, ids, None, None, bar, config)
                 reports.append(summarise(task, results))
+                tqdm.write(_report_line(reports[-1]))
+                write_report(out, suite, reports)  # so far: a long run shows its progress
     if report:
         json_path, md_path = write_report(out, suite, reports)
         print(report_markdown(suite, reports), end="")
@@ -484,6 +486,14 @@ def demos_command(
 
 def _unsupported(task: TaskInfo, reason: str) -> TaskReport:
     return TaskReport(task.task_id, task.name, task.instruction, unsupported=reason)
+
+
+def _report_line(report: TaskReport) -> str:
+    steps = "-" if report.mean_steps is None else f"{report.mean_steps:.1f}"
+    return (
+        f"task {report.task_id} report: {report.successes}/{report.episodes} successes, "
+        f"mean steps {steps}, failed init states {report.failed_init_states}"
+    )
 
 
 def _demo_line(task: TaskInfo, results: Sequence[EpisodeResult], path: Path | None) -> str:

@@ -10,7 +10,9 @@ tries yaws every 5 degrees over half a turn (the gripper is symmetric), preferri
 narrowest width across the fingers (a box across its short side) and then the least
 rotation, and rejects a candidate whose hand or fingers, lowered to the grasp height, would
 overlap another object that reaches above their bottom; when every yaw collides it tries a
-shallower grasp.
+shallower grasp. An object wider than the open gripper at every yaw (a bowl) is taken by its
+rim instead: the fingers straddle the wall at the outer edge of its top, pointing at the
+centre, from the side that misses the neighbours and turns the hand least.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class GraspLimits:
         min_depth: the shallowest grasp tried when deeper ones collide.
         floor_clearance: lowest eef height above the object's bottom.
         margin: required horizontal gap between the gripper and other objects.
+        rim_depth: rim grasps: eef height below the object's top (less than the hand's
+            3 cm above the finger pads, so the hand stays above the rim).
+        rim_band: rim grasps: the rim is the object's points this close to its top.
     """
 
     max_width: float = 0.075
@@ -46,6 +51,8 @@ class GraspLimits:
     min_depth: float = 0.012
     floor_clearance: float = 0.012
     margin: float = 0.008
+    rim_depth: float = 0.01
+    rim_band: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,7 @@ def plan_grasp(
     gripper: Sequence[tuple[np.ndarray, np.ndarray]],
     current_yaw: float,
     limits: GraspLimits,
+    eef_xy: np.ndarray | None = None,
 ) -> Grasp:
     """A top-down grasp of an object ``(P, 3)`` that keeps the gripper off ``obstacles``.
 
@@ -198,22 +206,19 @@ def plan_grasp(
         obstacles: the other objects' world points, one ``(Q, 3)`` array each.
         gripper: the gripper's boxes in the grip-site frame (fingers open).
         current_yaw: the eef's yaw now (the least rotation is preferred).
+        eef_xy: the eef's position now (rim grasps: of two sides needing the same rotation,
+            the nearer wins).
 
     Returns:
         The first collision-free candidate (deepest height first, then narrowest width,
         then least rotation); if there is none, the preferred candidate at the deepest
-        height with ``clear=False``.
-
-    Raises:
-        ValueError: the object is wider than ``max_width`` at every yaw.
+        height with ``clear=False``. An object wider than ``max_width`` at every yaw gets
+        :func:`plan_rim_grasp`.
     """
     yaws = current_yaw + np.deg2rad(np.arange(-90, 90, YAW_STEP_DEG))
     widths = np.array([finger_width(points[:, :2], yaw)[0] for yaw in yaws])
     if widths.min() > limits.max_width:
-        raise ValueError(
-            f"object is {widths.min():.3f} m wide at every yaw, wider than the open gripper "
-            f"(max_width {limits.max_width} m)"
-        )
+        return plan_rim_grasp(points, obstacles, gripper, current_yaw, limits, eef_xy)
     rank = np.floor((widths - widths.min()) / WIDTH_TIE)
     order = [
         i for i in np.lexsort((np.abs(yaws - current_yaw), rank)) if widths[i] <= limits.max_width
@@ -231,6 +236,51 @@ def plan_grasp(
     _, centre = finger_width(points[:, :2], yaws[order[0]])
     position = np.array([centre[0], centre[1], deepest])
     return Grasp(position, wrap_angle(yaws[order[0]]), top, clear=False)
+
+
+def plan_rim_grasp(
+    points: np.ndarray,
+    obstacles: Sequence[np.ndarray],
+    gripper: Sequence[tuple[np.ndarray, np.ndarray]],
+    current_yaw: float,
+    limits: GraspLimits,
+    eef_xy: np.ndarray | None = None,
+) -> Grasp:
+    """A grasp of a wide open object (a bowl) by its rim, fingers across the wall.
+
+    The rim is the object's points within ``rim_band`` of its top; the eef goes to the
+    middle of their radial extent (the wall) from the centre of their xy extent,
+    ``rim_depth`` below the top, with the fingers pointing at the centre. Sides are tried
+    every 10 degrees, least hand rotation first (the gripper is symmetric, so opposite sides
+    tie; the one nearer ``eef_xy`` goes first), and the first that keeps the gripper off
+    ``obstacles`` wins (else the first, with ``clear=False``).
+    """
+    top = float(points[:, 2].max())
+    rim = points[points[:, 2] > top - limits.rim_band, :2]
+    centre = (rim.min(axis=0) + rim.max(axis=0)) / 2
+    radii = np.linalg.norm(rim - centre, axis=1)
+    radius = float(radii.min() + radii.max()) / 2  # the middle of the wall's thickness
+    sides = np.deg2rad(np.arange(0, 360, 10))
+    # the hand's yaw for side s: s or s + pi (the same grasp), whichever is nearer now
+    turns = np.array([wrap_angle(2 * (s - current_yaw)) / 2 for s in sides])
+    hulls = [(convex_hull(p[:, :2]), float(p[:, 2].max())) for p in obstacles]
+    height = top - limits.rim_depth
+    spots = centre + radius * np.stack([np.cos(sides), np.sin(sides)], axis=1)
+    distance = np.zeros(len(sides)) if eef_xy is None else np.linalg.norm(spots - eef_xy, axis=1)
+    grasps = [
+        Grasp(
+            np.array([*spots[i], height]),
+            wrap_angle(current_yaw + turns[i]),
+            top,
+        )
+        for i in np.lexsort((distance, np.round(np.abs(turns), 6)))  # rounding: exact ties
+    ]
+    for grasp in grasps:
+        if not _collides(
+            gripper_footprints(gripper, grasp.position, grasp.yaw), hulls, limits.margin
+        ):
+            return grasp
+    return Grasp(grasps[0].position, grasps[0].yaw, top, clear=False)
 
 
 def path_obstacle_top(

@@ -96,6 +96,7 @@ class _State:
     phase_steps: int = 0
     attempts: int = 1
     grasp: Grasp | None = None
+    grasped_from: np.ndarray | None = None  # the object's position when its grasp was planned
     waypoint: Waypoint | None = None
     last_position: np.ndarray | None = None
     last_opening: float | None = None
@@ -269,16 +270,19 @@ class PickPlacePlanner:
         s, c = self._s, self.config
         position, rotation = self.scene.eef_pose()
         obj = self.steps[s.step].obj
-        s.grasp = self._plan_grasp(obj, yaw_of(rotation))
+        s.grasp = self._plan_grasp(obj, yaw_of(rotation), position[:2])
+        s.grasped_from = self.scene.object_position(obj)
         target = s.grasp.position[:2]
         blocking = path_obstacle_top(position[:2], target, self._others(obj), c.path_margin)
         height = max(s.grasp.top + c.approach_height, blocking + c.path_clearance)
         return Waypoint(np.array([*target, height]), s.grasp.yaw, OPEN)
 
     def _waypoint_descend(self) -> Waypoint:
+        """The approach's grasp, moved as far as the object has moved since (xy)."""
         s = self._s
-        s.grasp = self._plan_grasp(self.steps[s.step].obj, s.grasp.yaw)
-        return Waypoint(s.grasp.position.copy(), s.grasp.yaw, OPEN)
+        moved = self.scene.object_position(self.steps[s.step].obj) - s.grasped_from
+        position = s.grasp.position + np.array([moved[0], moved[1], 0.0])
+        return Waypoint(position, s.grasp.yaw, OPEN)
 
     def _waypoint_close(self) -> Waypoint:
         return Waypoint(self._s.waypoint.position.copy(), self._s.waypoint.yaw, CLOSE)
@@ -316,8 +320,8 @@ class PickPlacePlanner:
         """World points of every movable object but ``obj`` (the obstacles)."""
         return [self.scene.object_points(n) for n in self.scene.movable_objects() if n != obj]
 
-    def _plan_grasp(self, obj: str, yaw: float) -> Grasp:
-        """A grasp of ``obj`` from the scene now, preferring ``yaw``."""
+    def _plan_grasp(self, obj: str, yaw: float, eef_xy: np.ndarray) -> Grasp:
+        """A grasp of ``obj`` from the scene now, preferring ``yaw`` and sides near ``eef_xy``."""
         try:
             return plan_grasp(
                 self.scene.object_points(obj),
@@ -325,6 +329,7 @@ class PickPlacePlanner:
                 self.scene.gripper_boxes(),
                 yaw,
                 self.config.grasp,
+                eef_xy,
             )
         except ValueError as err:
             raise UnsupportedGoalError(f"cannot grasp {obj!r}: {err}") from None

@@ -189,8 +189,35 @@ def test_grasp_goes_across_the_short_side_and_around_a_neighbour():
     # the path from far away over the can sees its top; a path beside it does not
     assert path_obstacle_top(np.array([0, 0.3]), np.array([0, -0.3]), [can], 0.05) == 0.076
     assert path_obstacle_top(np.array([0.3, 0]), np.array([0.3, 0.3]), [can], 0.05) == -np.inf
-    with pytest.raises(ValueError, match="wider than the open gripper"):
-        plan_grasp(_box((0, 0), (0.1, 0.1, 0.05)), [], gripper, 0.0, limits)
+
+
+def _bowl(centre=(0.0, 0.0)):
+    """A 10.6 cm bowl: a rim wall from radius 4.9 to 5.3 cm at 5 cm high, a 3 cm foot."""
+    angles = np.deg2rad(np.arange(0, 360, 5))
+    ring = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    points = [
+        np.c_[ring * r + centre, np.full(len(ring), z)]
+        for r, z in ((0.049, 0.05), (0.053, 0.05), (0.03, 0.0))
+    ]
+    return np.concatenate(points)
+
+
+def test_a_bowl_is_taken_by_its_rim_from_the_near_free_side():
+    gripper = [(np.array([-0.1, -0.032, -0.123]), np.array([0.104, 0.032, -0.031]))]  # hand
+    limits = GraspLimits()
+    bowl = _bowl()
+    # yaw 0 points the fingers along x: the +x and -x sides need no turn; the nearer wins,
+    # at the middle of the wall (5.1 cm), rim_depth below the top, fingers radial
+    east = plan_grasp(bowl, [], gripper, 0.0, limits, eef_xy=np.array([0.3, 0.1]))
+    np.testing.assert_allclose(east.position, [0.051, 0, 0.05 - limits.rim_depth], atol=1e-9)
+    assert east.yaw == pytest.approx(0.0) and east.clear
+    west = plan_grasp(bowl, [], gripper, 0.0, limits, eef_xy=np.array([-0.3, 0.1]))
+    np.testing.assert_allclose(west.position, [-0.051, 0, 0.04], atol=1e-9)
+    assert west.yaw == pytest.approx(0.0)  # pi is the same hand pose; no half turn
+    # a tall box just beyond the east side: the hand (10 cm along the fingers) would hit it
+    blocker = _box((0.17, 0.0), (0.06, 0.06, 0.1))
+    detour = plan_grasp(bowl, [blocker], gripper, 0.0, limits, eef_xy=np.array([0.3, 0.1]))
+    np.testing.assert_allclose(detour.position, [-0.051, 0, 0.04], atol=1e-9)
 
 
 # --- with LIBERO ----------------------------------------------------------------------------
