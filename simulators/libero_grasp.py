@@ -178,17 +178,48 @@ def gripper_footprints(
     return out
 
 
+@dataclass(frozen=True)
+class Obstacles:
+    """Obstacle pieces as horizontal footprints (convex hulls) with their top heights.
+
+    Build with :meth:`of` from world points ``(K, 3)`` per piece (one per collision geom:
+    the hull of a whole cabinet would cover the open drawer in front of it). Axis-aligned
+    bounds make most queries skip the polygon test.
+    """
+
+    hulls: tuple[np.ndarray, ...]
+    tops: np.ndarray  # (N,)
+    low: np.ndarray  # (N, 2) xy bounds of each hull
+    high: np.ndarray  # (N, 2)
+
+    @classmethod
+    def of(cls, pieces: Sequence[np.ndarray]) -> Obstacles:
+        hulls = tuple(convex_hull(p[:, :2]) for p in pieces)
+        empty = np.zeros((0, 2))
+        return cls(
+            hulls=hulls,
+            tops=np.array([float(p[:, 2].max()) for p in pieces]),
+            low=np.array([h.min(axis=0) for h in hulls]) if hulls else empty,
+            high=np.array([h.max(axis=0) for h in hulls]) if hulls else empty,
+        )
+
+    def overlapping(self, polygon: np.ndarray, above: float, margin: float) -> np.ndarray:
+        """Indices of pieces higher than ``above`` within ``margin`` of ``polygon (K, 2)``."""
+        low, high = polygon.min(axis=0) - margin, polygon.max(axis=0) + margin
+        near = (
+            (self.tops > above) & np.all(self.low < high, axis=1) & np.all(self.high > low, axis=1)
+        )
+        return np.array(
+            [i for i in np.flatnonzero(near) if polygons_overlap(polygon, self.hulls[i], margin)],
+            dtype=int,
+        )
+
+
 def _collides(
-    footprints: list[tuple[np.ndarray, float]],
-    obstacles: list[tuple[np.ndarray, float]],
-    margin: float,
+    footprints: list[tuple[np.ndarray, float]], obstacles: Obstacles, margin: float
 ) -> bool:
-    """Whether a gripper part overlaps an obstacle ``(hull (K, 2), top)`` that rises above it."""
-    return any(
-        top > bottom and polygons_overlap(rect, hull, margin)
-        for rect, bottom in footprints
-        for hull, top in obstacles
-    )
+    """Whether a gripper part ``(rectangle, bottom)`` overlaps an obstacle rising above it."""
+    return any(len(obstacles.overlapping(rect, bottom, margin)) for rect, bottom in footprints)
 
 
 def plan_grasp(
@@ -223,7 +254,7 @@ def plan_grasp(
     order = [
         i for i in np.lexsort((np.abs(yaws - current_yaw), rank)) if widths[i] <= limits.max_width
     ]
-    hulls = [(convex_hull(p[:, :2]), float(p[:, 2].max())) for p in obstacles]
+    hulls = Obstacles.of(obstacles)
     top, bottom = float(points[:, 2].max()), float(points[:, 2].min())
     deepest = max(top - limits.grasp_depth, bottom + limits.floor_clearance)
     heights = np.arange(deepest, max(deepest, top - limits.min_depth) + 1e-9, HEIGHT_STEP)
@@ -263,7 +294,7 @@ def plan_rim_grasp(
     sides = np.deg2rad(np.arange(0, 360, 10))
     # the hand's yaw for side s: s or s + pi (the same grasp), whichever is nearer now
     turns = np.array([wrap_angle(2 * (s - current_yaw)) / 2 for s in sides])
-    hulls = [(convex_hull(p[:, :2]), float(p[:, 2].max())) for p in obstacles]
+    hulls = Obstacles.of(obstacles)
     height = top - limits.rim_depth
     spots = centre + radius * np.stack([np.cos(sides), np.sin(sides)], axis=1)
     distance = np.zeros(len(sides)) if eef_xy is None else np.linalg.norm(spots - eef_xy, axis=1)
@@ -289,16 +320,15 @@ def path_obstacle_top(
     obstacles: Sequence[np.ndarray],
     half_width: float,
 ) -> float:
-    """Highest obstacle whose footprint comes within ``half_width`` of the segment.
+    """Highest obstacle piece whose footprint comes within ``half_width`` of the segment.
 
     Args:
-        obstacles: world points ``(Q, 3)`` of each object that may be in the way.
+        obstacles: world points ``(Q, 3)`` of each piece that may be in the way.
 
     Returns:
         The height, or ``-inf`` when the path is clear.
     """
     corridor = segment_polygon(np.asarray(start_xy, float), np.asarray(end_xy, float), half_width)
-    tops = [
-        float(p[:, 2].max()) for p in obstacles if polygons_overlap(corridor, convex_hull(p[:, :2]))
-    ]
-    return max(tops, default=-np.inf)
+    pieces = Obstacles.of(obstacles)
+    hit = pieces.overlapping(corridor, -np.inf, 0.0)
+    return float(pieces.tops[hit].max()) if len(hit) else -np.inf

@@ -221,10 +221,13 @@ class PickPlacePlanner:
         s, c = self._s, self.config
         xy, z, yaw = self._errors()
         reached = xy < c.position_tolerance and z < c.position_tolerance and yaw < c.yaw_tolerance
-        if s.phase in ("approach", "carry"):
+        if s.phase == "approach":
             return (
                 xy < c.position_tolerance and z < 2 * c.position_tolerance and yaw < c.yaw_tolerance
             )
+        if s.phase == "carry":  # a held load can stop the arm short: near and still is enough
+            stalled = s.still_steps >= 3 and xy < 3 * c.position_tolerance
+            return (xy < c.position_tolerance or stalled) and z < 3 * c.position_tolerance
         if s.phase in ("descend", "lower"):
             # blocked by contact (the object or the surface) counts as arrived
             blocked = s.still_steps >= 2 and s.phase_steps >= 4 and z < 3 * c.position_tolerance
@@ -288,8 +291,11 @@ class PickPlacePlanner:
         return Waypoint(self._s.waypoint.position.copy(), self._s.waypoint.yaw, CLOSE)
 
     def _waypoint_lift(self) -> Waypoint:
+        """Straight up to the carry height, and at least ``approach_height`` off the support."""
         position, _ = self.scene.eef_pose()
-        height = self._carry_height(self._place_target_xy())
+        height = max(
+            self._carry_height(self._place_target_xy()), position[2] + self.config.approach_height
+        )
         return Waypoint(np.array([*position[:2], height]), self._s.waypoint.yaw, CLOSE)
 
     def _waypoint_carry(self) -> Waypoint:
@@ -318,7 +324,8 @@ class PickPlacePlanner:
 
     def _others(self, obj: str) -> list[np.ndarray]:
         """World points of every movable object but ``obj`` (the obstacles)."""
-        return [self.scene.object_points(n) for n in self.scene.movable_objects() if n != obj]
+        names = self.scene.movable_objects() + self.scene.fixtures()
+        return [part for n in names if n != obj for part in self.scene.object_parts(n)]
 
     def _plan_grasp(self, obj: str, yaw: float, eef_xy: np.ndarray) -> Grasp:
         """A grasp of ``obj`` from the scene now, preferring ``yaw`` and sides near ``eef_xy``."""

@@ -131,6 +131,10 @@ class Scene:
         """Names of the task's movable objects (``objects_dict``)."""
         return list(self.env.objects_dict)
 
+    def fixtures(self) -> list[str]:
+        """Names of the task's fixtures (``fixtures_dict``: cabinets, stoves, racks)."""
+        return list(self.env.fixtures_dict)
+
     def is_site(self, name: str) -> bool:
         """Whether ``name`` is a region site (``object_sites_dict``) rather than a body."""
         return name in self.env.object_sites_dict
@@ -146,6 +150,13 @@ class Scene:
         return np.concatenate(
             [self._world_points(geom, local) for geom, local in self._local_points[name]]
         )
+
+    def object_parts(self, name: str) -> list[np.ndarray]:
+        """World points ``(K, 3)`` of each collision geom of ``name`` (convex pieces: a
+        drawer's walls, a can's segments), for finer obstacle tests than the whole object."""
+        if name not in self._local_points:
+            self._local_points[name] = self._collision_geoms(name)
+        return [self._world_points(geom, local) for geom, local in self._local_points[name]]
 
     def object_position(self, name: str) -> np.ndarray:
         """``(3,)`` body position of object ``name`` (what LIBERO's goal tests use)."""

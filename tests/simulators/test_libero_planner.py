@@ -2,7 +2,8 @@
 
 Goal parsing and grasp geometry run without LIBERO (hand-made BDDL text and point sets with
 hand-computed answers). The rest needs LIBERO (marked ``libero``): the planner's conventions
-against the real robot, two planner episodes without cameras, one demo written at 32 px by
+against the real robot, three planner episodes without cameras (a flat box into the basket
+of libero_object, a bowl onto the plate of libero_spatial), one demo written at 32 px by
 ``embodied-rl demos`` and replayed open-loop in a fresh ``libero`` env from the same init
 state (it must succeed on its last action: the file is a real demo in the env's
 convention), and the command's refusals of bad input.
@@ -281,6 +282,24 @@ def test_planner_puts_the_cream_cheese_in_the_basket(env, init):
     assert result.success and result.failure is None, result.failure
     assert 40 < result.steps < 200
     assert result.episode is None  # no cameras: nothing recorded
+
+
+@pytest.mark.libero
+@requires_libero
+def test_planner_puts_a_bowl_on_the_plate():
+    """libero_spatial: a bowl wider than the gripper (rim grasp), placed On an object and
+    released: the success test needs contact, so the episode ends after the release."""
+    from simulators.libero import LiberoConfig, LiberoVectorEnv
+
+    task = suite_tasks("libero_spatial")[0]
+    steps = pick_place_steps(parse_goal(task.bddl_text))
+    vec = LiberoVectorEnv(LiberoConfig(suite="libero_spatial", cameras=(), render_size=0), 1)
+    try:
+        result = run_episode(vec, task, 0, steps, PlannerConfig())
+    finally:
+        vec.close()
+    assert result.success, result.failure
+    assert 40 < result.steps < 150
 
 
 @pytest.mark.libero
