@@ -145,15 +145,11 @@ class Scene:
         Mesh geoms give their vertices, primitives the corners of their local bounding box,
         over every body below the object's root body.
         """
-        if name not in self._local_points:
-            self._local_points[name] = self._collision_geoms(name)
-        return np.concatenate(
-            [self._world_points(geom, local) for geom, local in self._local_points[name]]
-        )
+        return np.concatenate(self.object_parts(name))
 
     def object_parts(self, name: str) -> list[np.ndarray]:
-        """World points ``(K, 3)`` of each collision geom of ``name`` (convex pieces: a
-        drawer's walls, a can's segments), for finer obstacle tests than the whole object."""
+        """:meth:`object_points` per collision geom, ``(K, 3)`` each: convex pieces (a
+        drawer's walls, a can's segments) for finer obstacle tests than the whole object."""
         if name not in self._local_points:
             self._local_points[name] = self._collision_geoms(name)
         return [self._world_points(geom, local) for geom, local in self._local_points[name]]
