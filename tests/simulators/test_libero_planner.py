@@ -21,15 +21,8 @@ import pytest
 
 from embodied_rl.cli import main
 from embodied_rl.data.demos import load_demo, scan_demo_file
-from simulators.libero_demos import (
-    EpisodeResult,
-    TaskInfo,
-    TaskReport,
-    run_episode,
-    suite_tasks,
-    summarise,
-    write_report,
-)
+from simulators.libero_demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
+from simulators.libero_demos_cli import TaskReport, summarise, write_report
 from simulators.libero_goals import (
     GoalAtom,
     PickPlace,
