@@ -5,6 +5,7 @@ Examples:
     embodied-rl validate --config-name grpo_llm workers.num_workers=4
     embodied-rl plan --config-name grpo_llm
     embodied-rl eval --config-name srpo_reach run_dir=outputs/srpo_reach/<run>
+    embodied-rl demos --suite libero_object --tasks 0 1 --init-states 0 --out demos/libero_object
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from embodied_rl.dag.node_type import NodeConfigError
 from embodied_rl.dag.spec import DagValidationError
-from embodied_rl.registry import UnknownNameError
+from embodied_rl.registry import COMMANDS, UnknownNameError, load_plugins
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, validate_config
 
 USER_ERRORS = (
@@ -43,12 +44,74 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("overrides", nargs="*", help="hydra overrides, e.g. trainer.total_steps=5")
         if name in ("train", "eval"):
             cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_demos_parser(sub)
     return parser
+
+
+def _ids(text: str) -> int | None:
+    """An id argument: a non-negative integer, or ``all`` (returned as ``None``)."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer id or 'all', got {text!r}") from None
+
+
+def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
+    text = (
+        "write scripted LIBERO pick-and-place demonstrations (LIBERO's HDF5 layout) and, "
+        "with --report, the planner's success on every official init state"
+    )
+    cmd = sub.add_parser("demos", help=text, description=text)
+    cmd.add_argument("--suite", default="libero_object", help="LIBERO suite (default: %(default)s)")
+    cmd.add_argument(
+        "--tasks", nargs="+", type=_ids, default=["all"], help="task ids or 'all' (default: all)"
+    )
+    cmd.add_argument(
+        "--init-states",
+        nargs="*",
+        type=_ids,
+        default=[0],
+        help="official init-state ids to record, or 'all' (default: 0); none given: no demo "
+        "files (e.g. with --report)",
+    )
+    cmd.add_argument("--out", required=True, help="output directory (created if missing)")
+    cmd.add_argument(
+        "--image-size", type=int, default=128, help="camera frame side in pixels (default: 128)"
+    )
+    cmd.add_argument(
+        "--report",
+        action="store_true",
+        help="also run every init state of each task without cameras; write report.json/.md",
+    )
+    cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
+    """``None`` when ``all`` is among ``values``, else the ids."""
+    return None if any(v is None or v == "all" for v in values) else [int(v) for v in values]
+
+
+def _run_demos(args: argparse.Namespace) -> int:
+    """``embodied-rl demos``: the implementation is registered by the simulators package."""
+    load_plugins(("simulators",))
+    return COMMANDS.get("demos")(
+        suite=args.suite,
+        tasks=_all_or_ids(args.tasks),
+        init_states=_all_or_ids(args.init_states),
+        out=args.out,
+        image_size=args.image_size,
+        report=args.report,
+        progress=not args.no_progress,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "demos":
+            return _run_demos(args)
         cfg = compose(args.config_name, args.overrides, args.config_dir)
         dag = validate_config(cfg)
         if args.command == "validate":

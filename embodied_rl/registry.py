@@ -59,6 +59,10 @@ NODE_TYPES = Registry("node type")
 POLICIES = Registry("policy")
 TASKS = Registry("task")
 SIMULATORS = Registry("simulator")
+# CLI commands whose implementation lives in a plugin package (e.g. ``demos`` in
+# ``simulators``): ``embodied-rl <name>`` parses the arguments and calls the registered
+# function with them as keywords.
+COMMANDS = Registry("command")
 
 _loaded: set[str] = set()
 

@@ -6,7 +6,7 @@ Importing this package registers every simulator in ``embodied_rl.registry.SIMUL
 import embodied_rl  # noqa: F401  (first: installs the torchvision fix, also in spawned children)
 
 # isort: split
-from simulators import libero, reach, workers  # noqa: F401  (register "libero", "reach")
+from simulators import libero, libero_demos_cli, reach, workers  # noqa: F401  (registrations)
 from simulators.base import EnvSpec, Obs, StepResult, VectorEnv, check_vector_env
 from simulators.workers import ProcessVectorEnv, make_vector_env
 

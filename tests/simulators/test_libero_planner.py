@@ -1,0 +1,382 @@
+"""The scripted LIBERO planner: goal parsing, grasp geometry, success, and the demo files.
+
+Goal parsing and grasp geometry run without LIBERO (hand-made BDDL text and point sets with
+hand-computed answers). The rest needs LIBERO (marked ``libero``): the planner's conventions
+against the real robot, three planner episodes without cameras (a flat box into the basket
+of libero_object, a bowl onto the plate of libero_spatial), one demo written at 32 px by
+``embodied-rl demos`` and replayed open-loop in a fresh ``libero`` env from the same init
+state (it must succeed on its last action: the file is a real demo in the env's
+convention), and the command's refusals of bad input.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import h5py
+import numpy as np
+import pytest
+
+from embodied_rl.cli import main
+from embodied_rl.data.demos import load_demo, scan_demo_file
+from simulators.libero_demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
+from simulators.libero_demos_cli import TaskReport, summarise, write_report
+from simulators.libero_goals import (
+    GoalAtom,
+    PickPlace,
+    UnsupportedGoalError,
+    parse_goal,
+    pick_place_steps,
+    read_sexp,
+)
+from simulators.libero_grasp import (
+    GraspLimits,
+    convex_hull,
+    down_rotation,
+    finger_width,
+    path_obstacle_top,
+    plan_grasp,
+    polygons_overlap,
+    yaw_of,
+)
+from simulators.libero_planner import PlannerConfig, rotation_error
+
+HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+requires_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO is not installed")
+
+# --- goals ----------------------------------------------------------------------------------
+
+OBJECT_GOAL = """
+(define (problem LIBERO_Floor_Manipulation)
+  (:domain robosuite)
+  (:language Pick the alphabet soup and place it in the basket)  ; comment (ignored)
+  (:objects alphabet_soup_1 - alphabet_soup basket_1 - basket)
+  (:goal
+    (And (In alphabet_soup_1 basket_1_contain_region))
+  )
+)
+"""
+
+
+def test_goal_of_a_libero_object_task():
+    assert parse_goal(OBJECT_GOAL) == (
+        GoalAtom("in", ("alphabet_soup_1", "basket_1_contain_region")),
+    )
+    assert pick_place_steps(parse_goal(OBJECT_GOAL)) == (
+        PickPlace("alphabet_soup_1", "in", "basket_1_contain_region"),
+    )
+
+
+def test_goal_conjunctions_keep_their_order_and_unsupported_predicates_are_named():
+    two = "(define (problem p) (:goal (and (On a_1 plate_1) (IN b_1 basket_1_contain_region))))"
+    assert pick_place_steps(parse_goal(two)) == (
+        PickPlace("a_1", "on", "plate_1"),
+        PickPlace("b_1", "in", "basket_1_contain_region"),
+    )
+    drawer = "(define (problem p) (:goal (And (Open wooden_cabinet_1_middle_region))))"
+    assert parse_goal(drawer) == (GoalAtom("open", ("wooden_cabinet_1_middle_region",)),)
+    with pytest.raises(UnsupportedGoalError, match=r"\(open wooden_cabinet_1_middle_region\)"):
+        pick_place_steps(parse_goal(drawer))
+    with pytest.raises(UnsupportedGoalError, match="'Or' is not supported"):
+        parse_goal("(define (:goal (Or (On a b) (On b a))))")
+    with pytest.raises(ValueError, match="no '\\(:goal"):
+        parse_goal("(define (problem p) (:init (On a b)))")
+    with pytest.raises(ValueError, match="1 unclosed"):
+        read_sexp("(a (b c)")
+    with pytest.raises(ValueError, match="without a matching"):
+        read_sexp("(a))")
+
+
+@pytest.mark.libero
+@requires_libero
+def test_goals_of_the_installed_task_files():
+    """Real BDDL files of four suites: libero_object and libero_spatial are one step each."""
+    for task in suite_tasks("libero_object"):
+        (step,) = pick_place_steps(parse_goal(task.bddl_text))
+        assert (step.relation, step.target) == ("in", "basket_1_contain_region")
+        assert step.obj[: -len("_1")].replace("_", " ") in task.instruction  # "bbq sauce"
+    spatial = [pick_place_steps(parse_goal(t.bddl_text)) for t in suite_tasks("libero_spatial")]
+    assert spatial == [(PickPlace("akita_black_bowl_1", "on", "plate_1"),)] * 10
+    ten = suite_tasks("libero_10")
+    baskets = [t for t in ten if "both" in t.instruction and "basket" in t.instruction]
+    assert len(baskets) == 3  # e.g. "put both the alphabet soup and the tomato sauce in ..."
+    for task in baskets:
+        steps = pick_place_steps(parse_goal(task.bddl_text))
+        assert [s.target for s in steps] == ["basket_1_contain_region"] * 2
+    goal0 = suite_tasks("libero_goal")[0]
+    assert parse_goal(goal0.bddl_text) == (GoalAtom("open", ("wooden_cabinet_1_middle_region",)),)
+
+
+# --- geometry -------------------------------------------------------------------------------
+
+
+def _box(centre, size, yaw=0.0):
+    """Corner points ``(8, 3)`` of a box with ``size`` (x, y, z) standing on z=0."""
+    c, s = np.cos(yaw), np.sin(yaw)
+    half = np.asarray(size) / 2
+    pts = []
+    for x in (-half[0], half[0]):
+        for y in (-half[1], half[1]):
+            for z in (0.0, size[2]):
+                pts.append([centre[0] + c * x - s * y, centre[1] + s * x + c * y, z])
+    return np.array(pts)
+
+
+def test_hull_and_overlap():
+    square = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5], [0.2, 0.7]], float)
+    hull = convex_hull(square)
+    assert len(hull) == 4 and {tuple(p) for p in hull} == {(0, 0), (1, 0), (1, 1), (0, 1)}
+    area = 0.5 * sum(a[0] * b[1] - b[0] * a[1] for a, b in zip(hull, np.roll(hull, -1, axis=0)))
+    assert area == pytest.approx(1.0)  # positive: counter-clockwise
+    other = hull + [1.5, 0.0]
+    assert not polygons_overlap(hull, other)
+    assert not polygons_overlap(hull, other, margin=0.4)
+    assert polygons_overlap(hull, other, margin=0.6)
+    diamond = np.array([[1.2, 0.5], [1.6, 0.1], [2.0, 0.5], [1.6, 0.9]])
+    assert not polygons_overlap(hull, diamond) and polygons_overlap(hull, diamond - [0.3, 0])
+
+
+def test_rotation_conventions():
+    rot = down_rotation(0.7)
+    assert yaw_of(rot) == pytest.approx(0.7)
+    np.testing.assert_allclose(rot[:, 2], [0, 0, -1], atol=1e-12)  # pointing down
+    # the OSC delta that turns yaw 0.2 into yaw 0.7 is +0.5 rad about world z
+    np.testing.assert_allclose(
+        rotation_error(down_rotation(0.7), down_rotation(0.2)), [0, 0, 0.5], atol=1e-9
+    )
+    # shortest way round: -170 deg -> +170 deg is a 20 deg turn the negative way
+    error = rotation_error(down_rotation(np.deg2rad(170)), down_rotation(np.deg2rad(-170)))
+    np.testing.assert_allclose(error, [0, 0, np.deg2rad(-20)], atol=1e-9)
+
+
+def test_grasp_goes_across_the_short_side_and_around_a_neighbour():
+    """An 8 x 4 x 2 cm box along x: fingers (heading = yaw) along y, i.e. yaw +-90 deg."""
+    box = _box((0.0, 0.0), (0.08, 0.04, 0.02))
+    width, centre = finger_width(box[:, :2], 0.0)
+    assert width == pytest.approx(0.08) and np.allclose(centre, 0)
+    gripper = [  # the Panda hand and finger boxes in the grip-site frame (site z points down)
+        (np.array([-0.1, -0.032, -0.123]), np.array([0.104, 0.032, -0.031])),
+        (np.array([-0.065, -0.01, -0.044]), np.array([-0.039, 0.01, 0.009])),
+        (np.array([0.039, -0.01, -0.044]), np.array([0.065, 0.01, 0.009])),
+    ]
+    limits = GraspLimits()
+    grasp = plan_grasp(box, [], gripper, current_yaw=0.3, limits=limits)
+    # yaws are tried every 5 deg from the current one (0.3 rad = 17.2 deg): the narrowest
+    # are 87.2 and 92.2 deg (widths within the 4 mm tie), and 87.2 turns less
+    assert grasp.clear and grasp.yaw == pytest.approx(0.3 + np.deg2rad(70))
+    # eef height: floor_clearance above the bottom (the box is lower than grasp_depth)
+    np.testing.assert_allclose(grasp.position, [0, 0, limits.floor_clearance], atol=1e-9)
+    # a 7.6 cm can beside the box's end sits under the hand at yaw -90 deg: the planner turns
+    # the hand 20 deg away from it, still across the box (6.5 cm wide there)
+    can = _box((0.05, 0.10), (0.06, 0.06, 0.076))
+    assert plan_grasp(box, [], gripper, 0.0, limits).yaw == pytest.approx(-np.pi / 2)
+    avoided = plan_grasp(box, [can], gripper, current_yaw=0.0, limits=limits)
+    assert avoided.clear and avoided.yaw == pytest.approx(np.deg2rad(-70))
+    assert finger_width(box[:, :2], avoided.yaw)[0] == pytest.approx(
+        0.08 * np.cos(np.deg2rad(70)) + 0.04 * np.sin(np.deg2rad(70))
+    )
+    # too close to turn away from: no clear grasp, the preferred one is returned as such
+    blocked = plan_grasp(box, [_box((0.03, 0.10), (0.06, 0.06, 0.076))], gripper, 0.0, limits)
+    assert not blocked.clear and blocked.yaw == pytest.approx(-np.pi / 2)
+    # the path from far away over the can sees its top; a path beside it does not
+    assert path_obstacle_top(np.array([0, 0.3]), np.array([0, -0.3]), [can], 0.05) == 0.076
+    assert path_obstacle_top(np.array([0.3, 0]), np.array([0.3, 0.3]), [can], 0.05) == -np.inf
+
+
+def _bowl(centre=(0.0, 0.0)):
+    """A 10.6 cm bowl: a rim wall from radius 4.9 to 5.3 cm at 5 cm high, a 3 cm foot."""
+    angles = np.deg2rad(np.arange(0, 360, 5))
+    ring = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    points = [
+        np.c_[ring * r + centre, np.full(len(ring), z)]
+        for r, z in ((0.049, 0.05), (0.053, 0.05), (0.03, 0.0))
+    ]
+    return np.concatenate(points)
+
+
+def test_a_bowl_is_taken_by_its_rim_from_the_near_free_side():
+    gripper = [(np.array([-0.1, -0.032, -0.123]), np.array([0.104, 0.032, -0.031]))]  # hand
+    limits = GraspLimits()
+    bowl = _bowl()
+    # yaw 0 points the fingers along x: the +x and -x sides need no turn; the nearer wins,
+    # at the middle of the wall (5.1 cm), rim_depth below the top, fingers radial
+    east = plan_grasp(bowl, [], gripper, 0.0, limits, eef_xy=np.array([0.3, 0.1]))
+    np.testing.assert_allclose(east.position, [0.051, 0, 0.05 - limits.rim_depth], atol=1e-9)
+    assert east.yaw == pytest.approx(0.0) and east.clear
+    west = plan_grasp(bowl, [], gripper, 0.0, limits, eef_xy=np.array([-0.3, 0.1]))
+    np.testing.assert_allclose(west.position, [-0.051, 0, 0.04], atol=1e-9)
+    assert west.yaw == pytest.approx(0.0)  # pi is the same hand pose; no half turn
+    # a tall box just beyond the east side: the hand (10 cm along the fingers) would hit it
+    blocker = _box((0.17, 0.0), (0.06, 0.06, 0.1))
+    detour = plan_grasp(bowl, [blocker], gripper, 0.0, limits, eef_xy=np.array([0.3, 0.1]))
+    np.testing.assert_allclose(detour.position, [-0.051, 0, 0.04], atol=1e-9)
+
+
+# --- with LIBERO ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env():
+    from simulators.libero import LiberoConfig, LiberoVectorEnv
+
+    vec = LiberoVectorEnv(LiberoConfig(suite="libero_object", cameras=(), render_size=0), 1)
+    yield vec
+    vec.close()
+
+
+@pytest.mark.libero
+@requires_libero
+def test_scene_matches_the_robot_and_the_observation(env):
+    """The fingers close along the grip site's x axis (the planner's yaw convention), and
+    the scene's reads agree with the simulator's proprio."""
+    import mujoco
+
+    from simulators.libero_demos import _raw_env
+    from simulators.libero_privileged import PrivilegedScene
+
+    obs = env.reset([1], [1])
+    scene = PrivilegedScene(_raw_env(env))
+    position, rotation = scene.eef_pose()
+    np.testing.assert_allclose(position, obs.state[0, :3], atol=1e-6)
+    pads = [
+        scene.data.geom_xpos[mujoco.mj_name2id(scene.model, mujoco.mjtObj.mjOBJ_GEOM, name)]
+        for name in ("gripper0_finger1_pad_collision", "gripper0_finger2_pad_collision")
+    ]
+    across = (pads[1] - pads[0]) / np.linalg.norm(pads[1] - pads[0])
+    assert abs(across @ rotation[:, 0]) > 0.999
+    # robosuite samples the finger observation during the step's last substep: 1e-5 apart
+    assert scene.finger_opening() == pytest.approx(np.sum(np.abs(obs.state[0, 6:8])), abs=1e-4)
+    robot = scene.robot_state_vector()
+    np.testing.assert_allclose(robot[:2], obs.state[0, 6:8], atol=1e-4)
+    np.testing.assert_allclose(robot[2:5], obs.state[0, :3], atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(robot[5:]), 1.0, atol=1e-9)
+    assert scene.action_scale()[0] == pytest.approx([0.05] * 3)
+    cheese = scene.object_points("cream_cheese_1")  # lies on the floor, 1.8 cm high
+    assert cheese[:, 2].min() == pytest.approx(0.0, abs=2e-3)
+    assert cheese[:, 2].max() == pytest.approx(0.018, abs=2e-3)
+    # the basket's contain region: half sizes (0.06108, 0.06108, 0.06949) in the asset,
+    # the bottom lowered by 1 cm like LIBERO's in_box (the basket tilts slightly: 1 mm)
+    box = scene.region_box("basket_1_contain_region")
+    np.testing.assert_allclose(box.high - box.low, [0.12216, 0.12216, 0.14898], atol=1e-3)
+    assert not scene.success() and not scene.is_grasping("cream_cheese_1")
+
+
+@pytest.mark.libero
+@requires_libero
+@pytest.mark.parametrize("init", [1, 7])
+def test_planner_puts_the_cream_cheese_in_the_basket(env, init):
+    """A flat box: the grasp must go across its short side and keep the hand off the cans."""
+    task = suite_tasks("libero_object")[1]
+    assert task.name == "pick_up_the_cream_cheese_and_place_it_in_the_basket"
+    steps = pick_place_steps(parse_goal(task.bddl_text))
+    result = run_episode(env, task, init, steps, PlannerConfig())
+    assert result.success and result.failure is None, result.failure
+    assert 40 < result.steps < 200
+    assert result.episode is None  # no cameras: nothing recorded
+
+
+@pytest.mark.libero
+@requires_libero
+def test_planner_puts_a_bowl_on_the_plate():
+    """libero_spatial: a bowl wider than the gripper (rim grasp), placed On an object and
+    released: the success test needs contact, so the episode ends after the release."""
+    from simulators.libero import LiberoConfig, LiberoVectorEnv
+
+    task = suite_tasks("libero_spatial")[0]
+    steps = pick_place_steps(parse_goal(task.bddl_text))
+    vec = LiberoVectorEnv(LiberoConfig(suite="libero_spatial", cameras=(), render_size=0), 1)
+    try:
+        result = run_episode(vec, task, 0, steps, PlannerConfig())
+    finally:
+        vec.close()
+    assert result.success, result.failure
+    assert 40 < result.steps < 150
+
+
+@pytest.mark.libero
+@requires_libero
+def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
+    out = tmp_path / "demos"
+    args = ["demos", "--tasks", "1", "--init-states", "0", "--image-size", "32", "--out"]
+    assert main([*args, str(out), "--no-progress"]) == 0
+    name = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
+    (info,) = scan_demo_file(out / f"{name}_demo.hdf5")
+    assert info.instruction == "pick up the cream cheese and place it in the basket"
+    assert info.init_state_id == 0 and info.image_shape == (32, 32, 3)
+    assert 40 < info.length < 200
+    demo = load_demo(info, cameras=("agentview", "wrist"))
+    assert demo.actions.shape == (info.length, 7) and demo.proprio.shape == (info.length, 8)
+    assert demo.images["wrist"].shape == (info.length, 32, 32, 3)
+    assert np.abs(demo.actions).max() <= 1.0
+    assert demo.actions[0, 6] == -1.0 and demo.actions[-1, 6] == 1.0  # open ... holding
+    with h5py.File(info.path) as f:
+        data = f["data"]
+        assert (data.attrs["embodied_rl_suite"], data.attrs["embodied_rl_task_id"]) == (
+            "libero_object",
+            1,
+        )
+        assert json.loads(data.attrs["env_args"])["env_kwargs"]["camera_heights"] == 32
+        states = np.asarray(data["demo_0/states"])
+        np.testing.assert_array_equal(data["demo_0"].attrs["init_state"], states[0])
+        assert data["demo_0/robot_states"].shape == (info.length, 9)
+
+    # Open-loop replay in another simulator: the same observations, success on the last step.
+    obs = env.reset([1], [0])
+    for t, action in enumerate(demo.actions):
+        np.testing.assert_allclose(obs.state[0], demo.proprio[t], atol=1e-5)
+        result = env.step(action[None])
+        obs = result.obs
+        assert result.success[0] == (t == info.length - 1), f"success at step {t}"
+
+
+@pytest.mark.libero
+@requires_libero
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--suite", "libero_nope"], "unknown LIBERO suite 'libero_nope'"),
+        (["--tasks", "10"], r"task id\(s\) \[10\] out of range.*Fix: use ids 0..9"),
+        (["--init-states", "50"], r"init state id\(s\) \[50\] out of range.*0..49"),
+        (["--suite", "libero_goal", "--tasks", "0"], "no selected task.*pick-and-place"),
+        (["--image-size", "0"], "--image-size 0 must be >= 1"),
+    ],
+)
+def test_bad_demo_requests_are_refused(tmp_path, capsys, args, message):
+    assert main(["demos", *args, "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Fix:" in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.libero
+@requires_libero
+def test_output_path_that_is_a_file_is_refused(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    assert main(["demos", "--tasks", "0", "--out", str(taken), "--no-progress"]) == 2
+    assert "is a file. Fix: give a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demos", "--tasks", "zero", "--out", str(tmp_path)])
+
+
+def test_report_table_and_json(tmp_path):
+    task = TaskInfo(3, "pick_up_x", "pick up x", "x.bddl", "", 50)
+    results = [
+        EpisodeResult(0, True, 90),
+        EpisodeResult(1, False, 40, "grasp of 'x_1' failed 2 times"),
+        EpisodeResult(2, True, 110),
+    ]
+    report = summarise(task, results)
+    assert (report.successes, report.episodes, report.mean_steps) == (2, 3, 100.0)
+    assert report.failed_init_states == [1] and report.rate == pytest.approx(2 / 3)
+    unsupported = TaskReport(4, "open_y", "open y", unsupported="(open y) is not pick-and-place")
+    json_path, md_path = write_report(tmp_path, "libero_object", [report, unsupported])
+    payload = json.loads(json_path.read_text())
+    assert payload["tasks"][0]["failures"] == {"1": "grasp of 'x_1' failed 2 times"}
+    assert payload["tasks"][0]["rate"] == pytest.approx(2 / 3)
+    table = md_path.read_text()
+    assert "| 3 | pick up x | 2/3 | 67% | 100.0 | 1 |" in table
+    assert "unsupported: (open y)" in table and "Overall: 2/3 (66.7%)." in table
