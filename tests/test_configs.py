@@ -81,3 +81,20 @@ def test_sft_libero_trains_what_srpo_libero_starts_from():
             assert sft["rollout"][key] == rl["rollout"][key], key
         assert sft["data"]["heldout_every"] == rl["data"]["heldout_every"]
         assert sft["data"]["chunk"] == rl["models"]["actor"]["options"]["chunk"]
+
+
+def test_eval_split_and_name_reach_the_evaluation_dag():
+    """``eval.split=train eval.name=eval_train`` evaluates the training init states into
+    its own report folder and metrics; the default stays the held-out split under ``eval``."""
+    from omegaconf import OmegaConf
+
+    def eval_nodes(overrides):
+        plain = OmegaConf.to_container(compose("srpo_reach", overrides), resolve=True)
+        return {node["id"]: node.get("config", {}) for node in plain["eval_dag"]["nodes"]}
+
+    default = eval_nodes([])
+    assert default["tasks"]["split"] == "heldout" and default["report"]["name"] == "eval"
+    train = eval_nodes(["eval.split=train", "eval.name=eval_train"])
+    assert train["tasks"]["split"] == "train" and train["report"]["name"] == "eval_train"
+    with pytest.raises(Exception, match="eval.split must be one of"):
+        validate_config(compose("srpo_reach", ["eval.split=heldin"]))

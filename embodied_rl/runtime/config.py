@@ -23,6 +23,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from embodied_rl.dag.node_type import NodeConfigError, build_dataclass, dataclass_problems
 from embodied_rl.dag.spec import DagSpec, validate_dag
+from embodied_rl.data.tasks import SPLITS
 from embodied_rl.registry import NODE_TYPES, PLUGIN_MODULES, POLICIES, load_plugins
 from embodied_rl.runtime.init_from import InitFromError, check_init_from
 from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
@@ -117,6 +118,10 @@ class EvalConfig:
         batch_size: (task, init state) pairs evaluated each time, over all workers.
         max_videos: videos written each time, over all workers.
         suite_name: shown in the report's title (e.g. the LIBERO suite).
+        split: init states evaluated: ``heldout`` (never trained on; the default), ``train``
+            or ``all`` (see ``embodied_rl/data/tasks.py``).
+        name: metric prefix (``<name>/success_rate``) and report folder under the run dir;
+            give another split its own, e.g. ``eval.split=train eval.name=eval_train``.
     """
 
     every: int = 0
@@ -124,10 +129,14 @@ class EvalConfig:
     batch_size: int = 8
     max_videos: int = 8
     suite_name: str = ""
+    split: str = "heldout"
+    name: str = "eval"
 
     def __post_init__(self) -> None:
         _positive(self, "batch_size")
         _positive(self, "every", "max_videos", strict=False)
+        if self.split not in SPLITS:
+            raise ValueError(f"eval.split must be one of {SPLITS}, got {self.split!r}")
 
 
 SECTIONS = {
