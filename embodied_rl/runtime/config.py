@@ -82,7 +82,12 @@ class WorkersConfig:
 
 @dataclass
 class TrainerConfig:
-    """``trainer``: the step loop around the DAG."""
+    """``trainer``: the step loop around the DAG.
+
+    ``time_limit_min`` ends training early: after the step during which that many minutes of
+    training wall time (``time/elapsed_s``, resumed attempts included) have passed, with the
+    final evaluation and checkpoint; ``null`` runs all ``total_steps``.
+    """
 
     total_steps: int = 10
     checkpoint_every: int = 5
@@ -90,10 +95,12 @@ class TrainerConfig:
     collective_timeout_s: float = 300.0
     plot_keys: tuple[str, ...] = ("reward/mean",)
     log_to_console: bool = True  # rank 0 prints a line per step (off under a progress bar)
+    time_limit_min: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "keep_checkpoints", "collective_timeout_s")
         _positive(self, "checkpoint_every", strict=False)
+        _positive(self, "time_limit_min")
 
 
 @dataclass

@@ -93,6 +93,8 @@ class DAGWorker:
         self.models = ModelStore(OmegaConf.to_container(self.cfg.models, resolve=True), self.device)
         self.sink = MetricSink()
         self.start_step = 0
+        self._elapsed_before = 0.0  # training wall seconds of earlier attempts (resume)
+        self._run_started = time.perf_counter()
         self._active: PlanExecutor | None = None
         self._status: dict[str, Any] = {
             "rank": rank,
@@ -188,23 +190,47 @@ class DAGWorker:
 
     # ----------------------------------------------------------------------- the loop
     def run(self) -> dict[str, Any]:
-        """Train ``start_step .. total_steps-1`` (or evaluate once); returns a small record."""
+        """Train ``start_step .. total_steps-1`` (or evaluate once); returns a small record.
+
+        With ``trainer.time_limit_min`` the run ends early after the step during which the
+        limit passed (the same step on every rank), with its final evaluation and checkpoint.
+        """
         if self.mode == "eval":
             self._walk("eval", self.start_step)
             self._publish_metrics(self.start_step)
             return self._finish(self.start_step)
         total, every = self.trainer.total_steps, self.trainer.checkpoint_every
+        self._run_started = time.perf_counter()
+        completed = self.start_step
         for step in range(self.start_step, total):
             started = time.perf_counter()
             self._walk("train", step)
-            if self._eval_due(step + 1, total):
-                self._walk("eval", step + 1)
+            completed = step + 1
+            last = completed == total or self._time_is_up()
+            if self._eval_due(completed, last):
+                self._walk("eval", completed)
             self.sink.log("time/step", time.perf_counter() - started, reduce="max")
+            self.sink.log("time/elapsed_s", self._elapsed_s(), reduce="max")
             self._log_memory()
             self._publish_metrics(step)
-            if every > 0 and ((step + 1) % every == 0 or step + 1 == total):
-                self._save_unless_unhealthy(step + 1)
-        return self._finish(total)
+            if every > 0 and (completed % every == 0 or last):
+                self._save_unless_unhealthy(completed)
+            if last:
+                break
+        return self._finish(completed)
+
+    def _elapsed_s(self) -> float:
+        """Wall seconds of training so far, earlier attempts of a resumed run included."""
+        return self._elapsed_before + time.perf_counter() - self._run_started
+
+    def _time_is_up(self) -> bool:
+        """Whether ``trainer.time_limit_min`` has passed on any rank (all ranks agree)."""
+        limit = self.trainer.time_limit_min
+        if limit is None:
+            return False
+        flag = torch.tensor([float(self._elapsed_s() >= 60.0 * limit)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
     def _save_unless_unhealthy(self, completed_steps: int) -> None:
         """Checkpoint, except while a node is in a streak of skipped (non-finite) updates.
@@ -224,11 +250,11 @@ class DAGWorker:
             return
         self._save(completed_steps)
 
-    def _eval_due(self, completed: int, total: int) -> bool:
+    def _eval_due(self, completed: int, last: bool) -> bool:
         if "eval" not in self.executors:
             return False
         periodic = self.eval_cfg.every > 0 and completed % self.eval_cfg.every == 0
-        return periodic or (self.eval_cfg.at_end and completed == total)
+        return periodic or (self.eval_cfg.at_end and last)
 
     def _walk(self, name: str, step: int) -> None:
         if name not in self.executors:
@@ -271,6 +297,7 @@ class DAGWorker:
         self._set_status(completed_steps, "checkpoint", None)
         state = {
             "step": completed_steps,
+            "elapsed_s": self._elapsed_s(),
             "models": self.models.state_dict(),
             "nodes": {name: ex.state_dict() for name, ex in self.executors.items()},
             "rng": checkpoint.capture_rng_state(),
@@ -305,6 +332,7 @@ class DAGWorker:
                 self.executors[name].load_state_dict(nodes)
         checkpoint.restore_rng_state(state["rng"])
         self.start_step = int(state["step"])
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
 
     # ---------------------------------------------------------------------- status
     def _set_status(self, step: int, phase: str, node: str | None) -> None:

@@ -59,6 +59,23 @@ def test_train_writes_run_dir_and_driver_gets_only_small_records(tmp_path):
     assert result.final_metrics["reward/mean"] == pytest.approx(lines[-1]["reward/mean"])
 
 
+def test_time_limit_ends_the_run_after_the_step_it_passed_with_a_checkpoint(tmp_path):
+    # A limit of 0.6 ms has passed when the first step ends: the run stops there on every
+    # rank, checkpoints that step, and logs the training wall time; resuming starts its
+    # clock from the checkpoint's.
+    limit = "trainer.time_limit_min=0.00001"
+    result = _run(tmp_path, "a", "trainer.total_steps=5", "trainer.checkpoint_every=3", limit)
+    lines = _metrics(result.run_dir)
+    assert [m["step"] for m in lines] == [0]
+    assert [p.name for p in (result.run_dir / "checkpoints").iterdir()] == ["step_000001"]
+    first = lines[0]["time/elapsed_s"]
+    assert first >= lines[0]["time/step"] > 0
+    resumed = _run(tmp_path, "a", "trainer.total_steps=5", limit, "resume=true")
+    again = _metrics(resumed.run_dir)
+    assert [m["step"] for m in again] == [0, 1]
+    assert again[1]["time/elapsed_s"] > first
+
+
 def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
     full = _metrics(_run(tmp_path, "full", "trainer.total_steps=3").run_dir)
     _run(tmp_path, "cut", "trainer.total_steps=2")
