@@ -48,8 +48,10 @@ Writes ``docs/benchmarks/libero_rollout_speed[_mlp].{json,png}``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -113,9 +115,14 @@ def load_before_module() -> types.ModuleType:
     registration = 'SIMULATORS.register("libero", build_libero)'
     if registration not in source:
         raise SystemExit(f"unexpected simulators/libero.py at {BEFORE_COMMIT}")
-    module = types.ModuleType("libero_before")
+    # Imported from a file of its own (not the registry's module): the old code must not
+    # register a second "libero" simulator.
+    path = Path(tempfile.mkdtemp(prefix="libero_before_")) / "libero_before.py"
+    path.write_text(source.replace(registration, ""))
+    spec = importlib.util.spec_from_file_location("libero_before", path)
+    module = importlib.util.module_from_spec(spec)
     sys.modules[module.__name__] = module  # dataclasses look their module up there
-    exec(compile(source.replace(registration, ""), "libero_before.py", "exec"), module.__dict__)
+    spec.loader.exec_module(module)
     return module
 
 
