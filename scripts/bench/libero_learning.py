@@ -248,7 +248,7 @@ def train_and_evaluate(
 
 def plot(rows: list[dict[str, Any]], curves: dict[str, list], sft_minutes: float, out: Path | None):
     fig, axes = common.new_figure(width=6.0, height=4.0)
-    ax = axes[0][0]
+    ax = axes[0]
     sft = rows[0]["heldout_success"]
     ax.axhline(100 * sft, color="grey", linestyle="--", label=f"SFT only ({100 * sft:.0f}%)")
     for method, points in curves.items():
