@@ -1,12 +1,11 @@
-"""Learning test on LIBERO: scripted demo -> one-demo SFT -> SRPO raises success (CPU, 2 workers).
+"""LIBERO end to end on the real pipeline: scripted demo -> one-demo SFT -> greedy success.
 
-A reduced ``scripts/bench/libero_learning.py``: one libero_object task, one scripted demo
-(init state 0), a short behaviour-cloning run of the fast CPU policy, then SRPO from its
-checkpoint on the training init states. Each RL step rolls out every training init state
-(``data.batch_size`` = their number), so the per-step success rates are comparable across
-steps. A reward, advantage or loss that is broken (sign, scale, zero, detached) leaves
-success flat or drives it down; the assertion asks for a rise well outside the noise of the
-first steps.
+The reduced first half of ``scripts/bench/libero_learning.py``: the planner writes one
+demonstration of a libero_object task (init state 0), behaviour cloning trains the fast CPU
+policy on it on 2 Ray workers, and the run's own closing evaluation replays that init state
+greedily in the simulator. A broken demo writer or reader, action normalisation, gripper
+convention, loss or checkpoint hand-over leaves the arm short of the basket; the random-init
+policy never gets there.
 """
 
 from __future__ import annotations
@@ -24,53 +23,42 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.ray,
     pytest.mark.libero,
-    pytest.mark.timeout(1800),  # about 12 minutes on 2 idle cores
+    pytest.mark.timeout(1200),  # about 4 minutes on 2 idle cores
     pytest.mark.skipif(
         importlib.util.find_spec("libero") is None, reason="LIBERO is not installed"
     ),
 ]
 
 TASK = 0  # libero_object: pick up the alphabet soup and place it in the basket
-NUM_INIT_STATES = 3  # with heldout_every=3: train on init states 0 and 1, 2 held out
-SHARED = [
-    "policy=mlp_image",
-    "simulator.options.suite=libero_object",
-    "simulator.options.max_steps=128",
-    f"simulator.num_init_states={NUM_INIT_STATES}",
-    f"data.heldout_every={NUM_INIT_STATES}",
-    f"data.tasks=[{TASK}]",
-    "eval.at_end=false",
-    "trainer.log_to_console=false",
-]
-RL_STEPS = 8
 
 
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_srpo_raises_success_from_a_one_demo_sft_start(tmp_path):
+def test_one_demo_sft_replays_its_task_to_success(tmp_path):
     demos = tmp_path / "demos"
     argv = ["demos", "--suite", "libero_object", "--tasks", str(TASK), "--init-states", "0"]
     assert cli_main([*argv, "--image-size", "64", "--out", str(demos), "--no-progress"]) == 0
 
-    sft = [*SHARED, f"data.paths=[{demos}]", "data.max_demos_per_task=1", "data.batch_size=64"]
-    sft += ["models.actor.optimizer.lr=1e-3", "trainer.total_steps=600"]
-    sft += ["trainer.checkpoint_every=600", f"run_dir={tmp_path / 'sft'}"]
-    sft_run = launch(compose("sft_libero", sft), show_progress=False)
-
-    srpo = [*SHARED, f"models.actor.init_from={sft_run.run_dir}", "data.batch_size=2"]
-    srpo += ["rollout.group_size=8", "rollout.num_envs=8", "rollout.temperature=0.3"]
-    srpo += ["models.actor.optimizer.lr=3e-4", "algorithm.actor.ppo_epochs=2"]
-    srpo += ["algorithm.actor.num_mini_batches=2", "algorithm.actor.micro_batch_size=64"]
-    srpo += [f"trainer.total_steps={RL_STEPS}", f"trainer.checkpoint_every={RL_STEPS}"]
-    lines = _metrics(
-        launch(compose("srpo_libero", [*srpo, f"run_dir={tmp_path / 'srpo'}"]), False).run_dir
-    )
-
-    success = [m["rollout/success_rate"] for m in lines]
-    print("rollout success per step:", success)
-    # 48 episodes on each side: with no learning, a rise of 0.2 is about two standard
-    # deviations of the difference (success near 0.35); a wrong sign drives it down.
-    first, last = sum(success[:3]) / 3, sum(success[-3:]) / 3
-    assert last >= first + 0.2, success
+    overrides = [
+        "policy=mlp_image",
+        "simulator.options.suite=libero_object",
+        "simulator.options.max_steps=160",
+        "simulator.num_init_states=3",  # with heldout_every=3: init states 0, 1 train; 2 held out
+        "data.heldout_every=3",
+        f"data.tasks=[{TASK}]",
+        f"data.paths=[{demos}]",
+        "data.max_demos_per_task=1",
+        "data.batch_size=64",
+        "models.actor.optimizer.lr=1e-3",
+        "trainer.total_steps=600",
+        "trainer.checkpoint_every=600",
+        "eval.split=train",  # the demo's init state (0) and another training one (1)
+        "eval.batch_size=2",
+        "eval.max_videos=2",
+        "trainer.log_to_console=false",
+        f"run_dir={tmp_path / 'sft'}",
+    ]
+    run = launch(compose("sft_libero", overrides), show_progress=False)
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["sft/loss"] < 0.25 * lines[0]["sft/loss"], (lines[0], lines[-1])
+    assert lines[-1]["eval/success_rate"] >= 0.5, lines[-1]
+    videos = sorted(p.name for p in (run.run_dir / "eval" / "step_000600").glob("*.mp4"))
+    assert any(name.startswith("task0_init0_success") for name in videos), videos
