@@ -19,6 +19,7 @@ bookkeeping (copies, assembly).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -92,7 +93,15 @@ def build_env(cfg: EnvRolloutConfig) -> Any:
 
 
 def setup_env(ctx: Any) -> None:
-    ctx.state[ENV_STATE] = build_env(ctx.node_config)
+    """Build this worker's vector env, or take the one a rollout node of another DAG built
+    with the same simulator, options, env count and processes (the training and the
+    evaluation rollout share one: a LIBERO env's scenes and renderer are about 1 GB)."""
+    cfg: EnvRolloutConfig = ctx.node_config
+    options = json.dumps(dict(cfg.simulator_options), sort_keys=True, default=str)
+    key = f"{ENV_STATE}/{cfg.simulator}/{options}/{cfg.num_envs}/{cfg.processes}"
+    if key not in ctx.shared:
+        ctx.shared[key] = build_env(cfg)
+    ctx.state[ENV_STATE] = ctx.shared[key]
 
 
 @register_node(

@@ -1,8 +1,11 @@
 """Soak test: does memory stay flat over long training runs?
 
-What is measured: ``grpo_llm`` and the SRPO MLP quick start ``srpo_reach`` each train for
-``--steps`` steps through the real launcher (2 CPU workers on an embedded Ray cluster,
-checkpoints and periodic evaluation as configured). Every step each DAG worker logs its own
+What is measured: ``grpo_llm``, the SRPO MLP quick start ``srpo_reach`` and the LIBERO
+configs ``srpo_libero`` (the main command: in-process simulators) and ``grpo_libero`` (one
+simulator process per worker) each train for their number of steps (:data:`CONFIGS`:
+200, 200, 300, 300; ``--steps`` sets all) through the real launcher (2 CPU workers on an
+embedded Ray cluster, checkpoints as configured, the LIBERO configs with an evaluation every
+50 steps). Every step each DAG worker logs its own
 resident memory (``memory/worker_rss_mb``) and that of its child processes
 (``memory/simulator_rss_mb``: the simulator processes), both reduced with ``max`` over the
 workers into the run's ``metrics.jsonl``; ``srpo_reach`` runs with
@@ -18,7 +21,9 @@ the simulators of its evaluation DAG in its first evaluation, at the end of step
 with its standard error. Later evaluations (every 20 steps) stay in the fit: they are part
 of a run.
 
-Target: flat = slope < 0.1 MB/step, i.e. < 20 MB over 200 steps (1 GB over 10k steps).
+Target: flat = slope < 0.1 MB/step, i.e. < 20 MB over 200 steps (1 GB over 10k steps); for
+the LIBERO configs < 1 MB/step (< 0.3 GB over 300 steps: a worker builds and frees LIBERO
+scenes, hundreds of MB each, whenever the task changes).
 RSS moves by a few MB from step to step (allocator arenas, checkpoint and evaluation steps);
 a few MB of noise over 180 fitted steps gives a slope standard error near 0.01 MB/step (the
 table shows the measured one), so the target sits well above the noise. It flags a leak
@@ -31,18 +36,21 @@ status is 1 when a row misses the target.
 
 Run::
 
-    .venv/bin/python scripts/soak.py                                 # 200 steps per config
+    .venv/bin/python scripts/soak.py --configs grpo_llm srpo_reach   # 200 steps each
+    .venv/bin/python scripts/soak.py --configs srpo_libero grpo_libero  # 300 steps, ~75 min
     .venv/bin/python scripts/soak.py --steps 20 --out /tmp/soak      # check that it works
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +64,25 @@ import common  # noqa: E402
 from embodied_rl.runtime.config import compose  # noqa: E402
 from embodied_rl.runtime.launcher import launch  # noqa: E402
 
-CONFIGS = ("grpo_llm", "srpo_reach")
-FLAT_MB_PER_STEP = 0.1
+
+@dataclass(frozen=True)
+class SoakConfig:
+    """How one config is soaked: its steps, its target and what the run changes."""
+
+    steps: int
+    flat_mb_per_step: float
+    overrides: tuple[str, ...] = ()
+    simulator_processes: bool = False  # its workers have simulator processes to measure
+
+
+CONFIGS = {
+    "grpo_llm": SoakConfig(200, 0.1),
+    "srpo_reach": SoakConfig(200, 0.1, simulator_processes=True),  # --sim-processes of them
+    "srpo_libero": SoakConfig(300, 1.0, ("eval.every=50",)),
+    "grpo_libero": SoakConfig(
+        300, 1.0, ("rollout.processes=1", "eval.every=50"), simulator_processes=True
+    ),
+}
 METRIC_OF_KIND = {"worker": "memory/worker_rss_mb", "simulator": "memory/simulator_rss_mb"}
 COLOR_OF_KIND = {"worker": "C0", "simulator": "C1", "driver": "C2"}
 COLUMNS = (
@@ -106,6 +131,7 @@ def overrides_for(config: str, steps: int, run_dir: Path, sim_processes: int) ->
         f"trainer.total_steps={steps}",
         f"run_dir={run_dir}",
         "trainer.log_to_console=false",
+        *CONFIGS[config].overrides,
         *extra,
     ]
 
@@ -123,9 +149,10 @@ def run_config(config: str, steps: int, run_root: Path, sim_processes: int) -> d
         driver = sampler.stop()
     seconds = time.perf_counter() - started
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    check_lines(
-        config, lines, steps, expect_simulators=config == "srpo_reach" and sim_processes > 0
+    expect_simulators = CONFIGS[config].simulator_processes and (
+        config != "srpo_reach" or sim_processes > 0
     )
+    check_lines(config, lines, steps, expect_simulators)
     series = {
         kind: [line[metric] for line in lines]
         for kind, metric in METRIC_OF_KIND.items()
@@ -180,19 +207,25 @@ def fit(series: list[float | None], warmup: int) -> dict[str, Any]:
     }
 
 
+def warmup_for(steps: int, warmup: int) -> int:
+    """Steps left out of the fit: short check runs keep at least half of theirs in it."""
+    return min(warmup, steps // 2)
+
+
 def summarise(results: dict[str, dict[str, Any]], warmup: int) -> list[dict[str, Any]]:
     rows = []
     for config, result in results.items():
+        flat = CONFIGS[config].flat_mb_per_step
         for kind, series in result["rss_mb"].items():
-            stats = fit(series, warmup)
+            stats = fit(series, warmup_for(result["steps"], warmup))
             slope = stats["slope_mb_per_step"]
             rows.append(
                 {
                     "config": config,
                     "process": kind,
                     **stats,
-                    "target": f"< {FLAT_MB_PER_STEP} MB/step",
-                    "met": None if slope is None else bool(slope < FLAT_MB_PER_STEP),
+                    "target": f"< {flat} MB/step",
+                    "met": None if slope is None else bool(slope < flat),
                 }
             )
     return rows
@@ -204,7 +237,9 @@ def as_shown(row: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v) if k in rss and v is not None else v for k, v in row.items()}
 
 
-def plot(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], out: Path) -> None:
+def plot(
+    results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], out: Path, name: str
+) -> None:
     fig, axes = common.new_figure(ncols=len(results), width=5.5, height=3.8)
     for ax, (config, result) in zip(axes, results.items()):
         for kind, series in result["rss_mb"].items():
@@ -222,37 +257,36 @@ def plot(results: dict[str, dict[str, Any]], rows: list[dict[str, Any]], out: Pa
         ax.set_ylabel("RSS (MiB)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    common.save_figure(fig, "soak", out)
+    common.save_figure(fig, name, out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, help="steps of every config (default: its own)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the fit")
     parser.add_argument("--sim-processes", type=int, default=2, help="srpo_reach simulators")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
+    parser.add_argument("--name", default="soak", help="file name of the table and the plot")
     args = parser.parse_args(argv)
-    # Short check runs keep at least half of their steps in the fit.
-    warmup = min(args.warmup, args.steps // 2)
     results = {}
     with tempfile.TemporaryDirectory(prefix="soak_") as run_root:
         for config in args.configs:
-            print(f"{config}: {args.steps} steps ...", flush=True)
-            results[config] = run_config(config, args.steps, Path(run_root), args.sim_processes)
+            steps = args.steps or CONFIGS[config].steps
+            print(f"{config}: {steps} steps ...", flush=True)
+            results[config] = run_config(config, steps, Path(run_root), args.sim_processes)
             print(f"{config}: {results[config]['seconds']:.0f} s", flush=True)
-    rows = summarise(results, warmup)
+    rows = summarise(results, args.warmup)
     common.print_table([as_shown(row) for row in rows], COLUMNS)
     payload = {
-        "steps": args.steps,
-        "warmup": warmup,
+        "warmup": args.warmup,
         "sim_processes": args.sim_processes,
-        "flat_mb_per_step": FLAT_MB_PER_STEP,
+        "configs": {name: dataclasses.asdict(CONFIGS[name]) for name in args.configs},
         "rows": rows,
         "runs": results,
     }
-    common.write_results("soak", payload, args.out)
-    plot(results, rows, args.out)
+    common.write_results(args.name, payload, args.out)
+    plot(results, rows, args.out, args.name)
     return 0 if all(row["met"] is not False for row in rows) else 1
 
 

@@ -16,14 +16,17 @@ state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
   remains for comparisons.
 - Built scenes are kept: the vector env holds at most ``num_envs * max_cached_tasks`` of
   them, by task, and a reset gives env ``i`` an idle scene of its task when there is one,
-  builds one otherwise and closes the least recently used idle scenes beyond that. Measured
-  (libero_spatial, 2 CPU cores): the first scene of a task with its renderer 0.9 GB and
-  3.5 s (the renderer, shared by the task's scenes: :mod:`simulators.libero_render`), every
-  further scene of the task 0.27 GB and 1.3 s. 2 workers x 8 envs thus hold 16 scenes
-  (about 4.5 GB) plus a renderer per task in use; the default 1 keeps only the scenes in
-  use (a task change rebuilds), 2 would add about 4.5 GB and pays off only when tasks
-  recur within two waves (few tasks, evaluation). Episodes do not depend on which scene
-  runs them.
+  builds one otherwise and closes the least recently used idle scenes beyond that, then
+  gives the freed heap back to the OS (:func:`~embodied_rl.runtime.memory.release_free_heap`).
+  Measured (libero_spatial task 0, 2 CPU cores, after that release): a scene about 0.1-0.2
+  GB (its model has no texture pixels: :mod:`simulators.libero_scene`), the task's renderer,
+  shared by its scenes, about 0.35 GB (the GL copy of the textures, each image once:
+  :mod:`simulators.libero_render`); robosuite's first scene in a process adds about 0.3 GB
+  once (numba, LLVM), and MuJoCo's asset cache up to 0.5 GB (0.23 GB for libero_spatial).
+  2 workers x 8 envs thus hold 16 scenes plus a renderer per task in use; the default 1
+  keeps only the scenes in use (a task change rebuilds), 2 pays off only when tasks recur
+  within two waves (few tasks, evaluation). Episodes do not depend on which scene runs
+  them.
 
 Observations (:class:`LiberoObs`): ``image (N, H, W, 3)`` the agentview camera rotated by
 180 degrees, ``wrist_image`` the wrist camera likewise (when ``"wrist"`` is in ``cameras``),
@@ -56,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from embodied_rl.registry import SIMULATORS
+from embodied_rl.runtime.memory import release_free_heap
 from simulators.base import (
     EnvSpec,
     Obs,
@@ -102,8 +106,8 @@ class LiberoConfig:
         reset_mode: ``soft`` resets a built scene in place (exactly a hard reset's result,
             10-20x faster); ``hard`` rebuilds the MuJoCo model for every episode.
         max_cached_tasks: built scenes kept per env (by task, least recently used closed
-            first); 1 keeps the scenes in use only. Each costs about 0.3 GB of RAM (plus
-            0.5 GB per task for its renderer).
+            first); 1 keeps the scenes in use only. Each costs about 0.1-0.2 GB of RAM (plus
+            about 0.35 GB per task for its renderer).
     """
 
     suite: str = "libero_spatial"
@@ -331,12 +335,17 @@ class LiberoVectorEnv(VectorEnv):
             if mine:
                 self._active[i] = self._idle.pop(mine[-1])
         capacity = self.num_envs * self.config.max_cached_tasks
+        changed = False
         while self._idle and len(self._idle) + self.num_envs > capacity:
             self._idle.pop(0).scene.close()
+            changed = True
         self._drop_unused_assets()
         for i, task in enumerate(tasks):
             if self._active[i] is None:
                 self._active[i] = _Built(task, self._build(task))
+                changed = True
+        if changed:  # building and closing scenes frees hundreds of MB of temporaries
+            release_free_heap()
 
     def _build(self, task: int) -> LiberoScene:
         """A new scene of ``task`` (2-7 s); the task's renderer and snapshot on its first."""
@@ -351,7 +360,9 @@ class LiberoVectorEnv(VectorEnv):
         )
         if assets is None:
             draws = bool(self.config.cameras) or self.config.render_size > 0
-            renderer = TaskRenderer(scene.model, self.config.reflections) if draws else None
+            renderer = None
+            if draws:  # the scene's model has no texture pixels: upload the full model's
+                renderer = TaskRenderer(scene.textured_model(), self.config.reflections)
             self._assets[task] = _TaskAssets(scene.snapshot, renderer)
         return scene
 

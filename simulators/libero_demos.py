@@ -183,7 +183,7 @@ def run_episode(
         episode = DemoEpisode(
             actions=np.stack(actions),
             **{key: np.stack(values) for key, values in frames.items()},
-            model_file=scene.env.sim.model.get_xml(),
+            model_file=vec.scene(0).xml(),
             init_state=frames["states"][0],
             attrs={"embodied_rl_init_state_id": init_state_id},
         )

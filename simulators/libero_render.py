@@ -6,7 +6,12 @@ mostly the scene's textures), and draws a frame with whichever GL context was ma
 last: with several envs of different tasks in one process, an env was drawn with another
 env's meshes and textures. Here the envs of one task share one :class:`TaskRenderer` (they
 are built from the same XML, so one upload of its meshes and textures serves all of them),
-and the renderer makes its own GL context current before every frame.
+and the renderer makes its own GL context current before every frame. The envs' own models
+carry no texture pixels (:mod:`simulators.libero_scene`): the renderer is made from a full
+model of the task's XML and draws any of them, which have the same texture ids. Its context
+has no shadow map when no light casts shadows (LIBERO's lights do not): MuJoCo would
+allocate one of the model's ``shadowsize`` (4096 x 4096, 0.13 GB with llvmpipe) and never
+draw into it. A renderer of a libero_spatial task is about 0.35 GB (0.5 GB before both).
 
 A frame is drawn as robosuite draws its camera observations: the named fixed camera, the
 visual geom group only (robosuite's defaults ``render_visual_mesh=True``,
@@ -42,7 +47,8 @@ class TaskRenderer:
     """A GL context with one task's meshes and textures, drawing any env of that task.
 
     Args:
-        model: the ``mujoco.MjModel`` of one env of the task (its assets are uploaded).
+        model: a model of the task with its texture pixels (its meshes and textures are
+            uploaded; :meth:`~simulators.libero_scene.LiberoScene.textured_model`).
         reflections: draw MuJoCo's reflective materials.
 
     Raises:
@@ -55,9 +61,15 @@ class TaskRenderer:
         from robosuite.utils.binding_utils import GLContext
 
         self._gl = GLContext(max_width=640, max_height=480, device_id=-1)
-        with self._current():
-            self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
-            mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        shadow_size = model.vis.quality.shadowsize
+        if not model.light_castshadow.any():  # (LIBERO's lights) a shadow map is never drawn
+            model.vis.quality.shadowsize = 0  # 4096 x 4096 in LIBERO: 0.13 GB with llvmpipe
+        try:
+            with self._current():
+                self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+                mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        finally:
+            model.vis.quality.shadowsize = shadow_size
         self._scene = mujoco.MjvScene(model, maxgeom=MAX_SCENE_GEOMS)
         self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = int(reflections)
         self._option = mujoco.MjvOption()

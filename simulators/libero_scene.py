@@ -28,6 +28,17 @@ hard reset (:class:`ResetSnapshot`):
 applied forces, ``time``) are reset by ``mj_resetData`` exactly as in a newly made
 ``mjData``.
 
+Memory. A scene's MuJoCo model carries no texture pixels: its ``<texture>`` elements are
+compiled as 1x1 flat textures of the same names and types (:func:`without_texture_pixels`;
+textures of one image file are merged first, :func:`with_shared_textures`), so every model
+array but the textures is the full model's and the physics is unchanged. Textures only
+matter to drawing, and frames are drawn by the task's shared renderer, whose GL context is
+made once from the full model with the same merged texture list
+(:meth:`LiberoScene.textured_model`): the pixels are robosuite's (tested against a raw LIBERO
+env). Measured on libero_spatial task 0: the model is 76 MB instead of 256 MB (the
+decoded PNG textures are 180 MB of it) and compiles in 0.07 s instead of 0.30 s; without
+this every built scene held its own copy of the task's textures.
+
 Observations. robosuite samples observations inside a step, after the 24th of its 25
 physics substeps (its observables' sampling clock), and renders camera observations there.
 A scene captures the simulation at that moment instead (an identity "corrupter" on the
@@ -39,7 +50,10 @@ what robosuite's camera observation would have shown.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +75,99 @@ OBSERVED_SENSOR = "robot0_eef_pos"
 # (bddl_base_domain._reset_internal), visualisation toggles (robosuite visualize,
 # LIBERO set_visualization).
 RESET_MODEL_FIELDS = ("body_pos", "body_quat", "site_rgba", "geom_rgba")
+
+# What a texture-light model keeps of each <texture>: materials refer to textures by name,
+# and the type (2d, cube, skybox) is part of what the compiled texture is.
+KEPT_TEXTURE_ATTRIBUTES = ("name", "type")
+
+# Set in a thread while it builds or hard-resets a scene (see _compiling_texture_light).
+_COMPILING = threading.local()
+
+
+def without_texture_pixels(xml: str) -> str:
+    """``xml`` with its textures merged as :func:`with_shared_textures` merges them, then
+    every ``<texture>`` made a 1x1 flat texture of the same name and type.
+
+    Its compiled model has the same textures (count, order, names, types) and materials as
+    the model of ``with_shared_textures(xml)``, and every other array equal to those of the
+    model of ``xml``: only the texture pixels (``tex_data``, most of a LIBERO model's memory)
+    and the texture list differ. Physics never reads them.
+    """
+    root = ET.fromstring(with_shared_textures(xml))
+    for texture in root.iter("texture"):
+        kept = {k: v for k, v in texture.attrib.items() if k in KEPT_TEXTURE_ATTRIBUTES}
+        texture.attrib.clear()
+        texture.attrib.update(kept, builtin="flat", width="1", height="1", rgb1="0 0 0")
+    return ET.tostring(root, encoding="unicode")
+
+
+def with_shared_textures(xml: str) -> str:
+    """``xml`` with the textures that load the same image files (every attribute but the
+    name equal) merged into the first of them, and the materials pointing at that one.
+
+    LIBERO gives each object instance a texture of its own: the two black bowls of every
+    libero_spatial task are two 48 MB copies of one PNG, 85 MB each in a GL context (RGBA
+    and mipmaps). Merged, the pixels are the same (tested). A drawn geom takes its texture
+    id from the model it is drawn from, so the scene models merge alike
+    (:func:`without_texture_pixels`): all of a task's models share one texture list.
+    """
+    root = ET.fromstring(xml)
+    first: dict[tuple[tuple[str, str], ...], str] = {}
+    merged: dict[str, str] = {}  # texture name -> the name of the texture it is merged into
+    for asset in root.iter("asset"):
+        for texture in asset.findall("texture"):
+            name = texture.get("name")
+            if name is None or not any(key.startswith("file") for key in texture.attrib):
+                continue  # only files: builtin textures may be drawn at random
+            image = tuple(sorted((k, v) for k, v in texture.attrib.items() if k != "name"))
+            if image in first:
+                merged[name] = first[image]
+                asset.remove(texture)
+            else:
+                first[image] = name
+    for element in root.iter():  # materials (also in defaults) and their layers
+        if element.get("texture") in merged:
+            element.set("texture", merged[element.get("texture")])
+    return ET.tostring(root, encoding="unicode")
+
+
+@contextmanager
+def _compiling_texture_light() -> Iterator[None]:
+    """robosuite envs compile their models without texture pixels in this thread, inside."""
+    _install_compile_hook()
+    outer = getattr(_COMPILING, "texture_light", False)
+    _COMPILING.texture_light = True
+    try:
+        yield
+    finally:
+        _COMPILING.texture_light = outer
+
+
+def _install_compile_hook() -> None:
+    """Let robosuite compile through a subclass of its ``MjSim`` (once per process).
+
+    robosuite compiles in ``MujocoEnv._initialize_sim`` (at construction and at every hard
+    reset) with ``robosuite.environments.base.MjSim.from_xml_string``. Its own XML hook
+    (``set_xml_processor``) can only be set after construction has compiled the full model
+    once, which costs the time and the memory this avoids. The subclass compiles exactly as
+    robosuite's class does except in a thread inside :func:`_compiling_texture_light`, so
+    other robosuite envs of the process (a raw LIBERO env in a test) are untouched.
+    """
+    from robosuite.environments import base
+
+    if getattr(base.MjSim, "compiles_texture_light", False):
+        return
+
+    class SceneMjSim(base.MjSim):
+        compiles_texture_light = True
+
+        @classmethod
+        def from_xml_string(cls, xml: str) -> Any:
+            if getattr(_COMPILING, "texture_light", False):
+                xml = without_texture_pixels(xml)
+            return super().from_xml_string(xml)
+
+    base.MjSim = SceneMjSim
 
 
 @dataclass(frozen=True)
@@ -85,7 +192,7 @@ class LiberoScene:
     """A built LIBERO env of one task.
 
     Building takes 1-3 s and about 0.3 GB of RAM (robosuite writes the scene XML, MuJoCo
-    compiles it and decodes its textures). The first scene of a task in a process is given
+    compiles it without texture pixels). The first scene of a task in a process is given
     no snapshot: it does one hard reset more and records one (:attr:`snapshot`) for the
     others.
 
@@ -105,12 +212,13 @@ class LiberoScene:
         seed: int,
         snapshot: ResetSnapshot | None,
     ) -> None:
-        self._wrapper = api.ControlEnv(
-            bddl_file_name=bddl_file,
-            has_offscreen_renderer=False,  # frames come from the task's shared renderer
-            use_camera_obs=False,
-            horizon=horizon,
-        )
+        with _compiling_texture_light():
+            self._wrapper = api.ControlEnv(
+                bddl_file_name=bddl_file,
+                has_offscreen_renderer=False,  # frames come from the task's shared renderer
+                use_camera_obs=False,
+                horizon=horizon,
+            )
         self._env = self._wrapper.env  # the robosuite env
         self._seed = seed
         self._observed: mujoco.MjData | None = None
@@ -136,8 +244,22 @@ class LiberoScene:
 
     @property
     def model(self) -> mujoco.MjModel:
-        """The current MuJoCo model (a hard reset replaces it)."""
+        """The current MuJoCo model (a hard reset replaces it), without texture pixels."""
         return self._env.sim.model._model
+
+    def xml(self) -> str:
+        """The scene's MuJoCo XML as robosuite writes it, with its texture files: what a LIBERO
+        demo file stores as ``model_file`` (the compiled models of this scene differ from it
+        in their textures only: see :func:`without_texture_pixels`)."""
+        return self._env.model.get_xml()
+
+    def textured_model(self) -> mujoco.MjModel:
+        """A new model of this scene's XML with its texture pixels, each image file once
+        (:func:`with_shared_textures`), for a renderer's GL context: 0.2-1 s and 0.2-0.26 GB
+        while it lives (LIBERO scenes). MuJoCo keeps the decoded textures in its
+        process-wide asset cache (500 MB at most, with the meshes): the next renderer of any
+        task that uses them is made 0.8 s faster."""
+        return mujoco.MjModel.from_xml_string(with_shared_textures(self.xml()))
 
     @property
     def data(self) -> mujoco.MjData:
@@ -213,7 +335,8 @@ class LiberoScene:
         self._env.hard_reset = True
         try:
             self._wrapper.seed(self._seed)
-            self._wrapper.reset()  # retries until the objects could be placed
+            with _compiling_texture_light():
+                self._wrapper.reset()  # retries until the objects could be placed
         finally:
             self._env.hard_reset = False
 

@@ -67,6 +67,9 @@ class NodeContext:
         models: lazily built models by name (``ctx.models["actor"]``).
         state: this node's persistent state on this worker (survives steps; entries with a
             ``state_dict`` method are checkpointed).
+        shared: what the nodes of every DAG on this worker share (e.g. the vector env of a
+            training and an evaluation rollout with the same simulator settings). An entry
+            also held in a node's ``state`` is closed with it; ``close`` must be idempotent.
         step: the current training step (0-based).
         metrics: where the node logs scalars.
         device: the torch device of this worker.
@@ -89,6 +92,7 @@ class NodeContext:
     metrics: MetricSink
     device: torch.device
     run_dir: Path
+    shared: dict[str, Any] = field(default_factory=dict)
     seed_fn: Callable[[str], int] = field(default=lambda tag: 0)
     resample: Callable[[], Any] | None = None
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from embodied_rl.devices import actor_options, bundle, device_spec
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime.config import section, validate_config
+from embodied_rl.runtime.memory import worker_process_env
 
 _KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult.records)
 
@@ -147,6 +148,8 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
                     **actor_options(spec, workers_cfg.cpus_per_worker),
                     scheduling_strategy=strategy,
                     max_concurrency=2,  # status() answers while run() works
+                    # the C allocator settings that keep a worker's memory flat (memory.py)
+                    runtime_env={"env_vars": worker_process_env()},
                 ).remote(plain_cfg, rank, n, str(run_dir), mode)
             )
         return _drive(cfg, actors, run_dir, show_progress and mode == "train")

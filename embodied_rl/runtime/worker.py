@@ -18,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -31,36 +30,17 @@ from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
+from embodied_rl.runtime.memory import memory_mb
 from embodied_rl.runtime.models import ModelStore, model_uses
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DAGWorker", "NodeFailure", "memory_mb", "status_path"]
-
-_MB = 1024**2
+__all__ = ["DAGWorker", "NodeFailure", "status_path"]
 
 
 def status_path(run_dir: str | Path, rank: int) -> Path:
     """The small JSON file in which worker ``rank`` records where it is (see ``status``)."""
     return Path(run_dir) / ".status" / f"rank_{rank:05d}.json"
-
-
-def memory_mb() -> tuple[float, float]:
-    """Resident memory (MiB) of this process and of all its descendants together.
-
-    A worker's descendants are its simulator processes (``rollout.processes > 0``) and the
-    helpers multiprocessing starts for them; with in-process simulators the second value is
-    about 0. Shared pages (e.g. torch libraries) count in every process that maps them, so
-    the sum is an upper bound; its trend over a long run is what shows a leak.
-    """
-    me = psutil.Process()
-    children = 0
-    for child in me.children(recursive=True):
-        try:
-            children += child.memory_info().rss
-        except psutil.NoSuchProcess:  # exited between the listing and the read
-            pass
-    return me.memory_info().rss / _MB, children / _MB
 
 
 class DAGWorker:
@@ -91,6 +71,9 @@ class DAGWorker:
         self.device_spec = device_spec(str(self.cfg.device))
         self.device = self.device_spec.torch_device(0)
         self.models = ModelStore(OmegaConf.to_container(self.cfg.models, resolve=True), self.device)
+        # What nodes of different DAGs share on this worker (a simulator both the training and
+        # the evaluation rollout use), closed with the executors.
+        self.shared: dict[str, Any] = {}
         self.sink = MetricSink()
         self.start_step = 0
         self._elapsed_before = 0.0  # training wall seconds of earlier attempts (resume)
@@ -163,6 +146,7 @@ class DAGWorker:
             dp_group=self.groups[step.dp_group],
             models=self.models,
             state=state,
+            shared=self.shared,
             step=0,
             metrics=self.sink,
             device=self.device,

@@ -12,16 +12,21 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib.util
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import mujoco
 import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS
+from embodied_rl.runtime.memory import worker_process_env
 from simulators.base import check_vector_env
 from simulators.libero import LiberoConfig, LiberoObs, LiberoVectorEnv
+from simulators.libero_scene import with_shared_textures, without_texture_pixels
 from simulators.libero_suites import INSTALL_HINT, NOOP_ACTION, quat_to_axis_angle
 from simulators.workers import make_vector_env
 
@@ -30,6 +35,7 @@ requires_libero = pytest.mark.skipif(
     not HAVE_LIBERO, reason=f"LIBERO is not installed; install it with `{INSTALL_HINT}`"
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 SIZE = 64
 OPTIONS = {"suite": "libero_goal", "image_size": SIZE, "render_size": 96, "max_steps": 4}
 TASK, INIT = 0, 3
@@ -427,3 +433,71 @@ def test_envs_stepped_in_one_thread_draw_and_close_in_another(env):
         other.close()  # from this thread, while the stepping thread is alive
         assert other._assets == {}
     np.testing.assert_array_equal(env.reset([TASK], [INIT]).image, first)
+
+
+@pytest.mark.libero
+@requires_libero
+def test_scene_models_carry_no_texture_pixels_and_merge_shared_images(env):
+    # libero_goal task 0 has two textures of each of three image files (table, cabinet wood,
+    # stove metal); the pixels are covered by the raw-env test, which draws robosuite's way.
+    env.reset([TASK], [INIT])
+    scene = env.scene(0)
+    xml = scene.xml()
+    unmerged = mujoco.MjModel.from_xml_string(xml)
+    textured = scene.textured_model()
+    light = mujoco.MjModel.from_xml_string(without_texture_pixels(xml))
+    assert unmerged.ntex - textured.ntex == 3 == unmerged.ntex - scene.model.ntex
+    assert scene.model.tex_data.nbytes < 2**10 < 50 * 2**20 < textured.tex_data.nbytes
+    assert unmerged.nmat == textured.nmat == light.nmat
+    for name in [n for n in dir(light) if isinstance(getattr(light, n, None), np.ndarray)]:
+        if name.startswith(("tex_", "name", "_")):  # textures, the names buffer, sizes
+            continue
+        np.testing.assert_array_equal(getattr(light, name), getattr(textured, name), name)
+        if not name.startswith("mat_texid"):  # merged textures renumber the materials' ids
+            np.testing.assert_array_equal(getattr(light, name), getattr(unmerged, name), name)
+    # Merged away: duplicates of one image; the materials point at the one kept.
+    merged = with_shared_textures(xml)
+    assert merged.count("<texture ") == xml.count("<texture ") - 3
+
+
+# A rollout loop as a worker runs it, in a process of its own with a worker's allocator
+# settings: one env, a new task at every reset (a scene and a renderer built, the last task's
+# closed), episodes stepped in a thread (Ray runs actor calls in a pool thread).
+_RESET_LOOP = """
+import json, os, sys, threading
+import numpy as np, psutil
+sys.path.insert(0, {root!r})
+from embodied_rl.registry import SIMULATORS
+import simulators
+env = SIMULATORS.get("libero")({options!r}, 1)
+rss = []
+def loop():
+    for k in range({resets}):
+        env.reset([k % 3], [k])
+        for _ in range(2):
+            env.step_chunk(np.zeros((1, 4, 7), np.float32))
+        rss.append(psutil.Process().memory_info().rss / 2**20)
+    env.close()
+thread = threading.Thread(target=loop)
+thread.start()
+thread.join()
+print(json.dumps(rss))
+"""
+RESET_LOOP_GROWTH_MB = 150.0  # one scene or renderer leaked per reset would be 100-350 MB each
+
+
+@pytest.mark.libero
+@requires_libero
+def test_rollout_loop_rss_stays_bounded_over_task_changes():
+    options = {"suite": "libero_goal", "image_size": SIZE, "cameras": ["agentview"],
+               "render_size": SIZE, "max_steps": 8}  # fmt: skip
+    script = _RESET_LOOP.format(root=str(ROOT), options=options, resets=10)
+    env_vars = {**os.environ, **worker_process_env()}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env_vars, capture_output=True, text=True, timeout=400
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    warm = rss[2]  # every one of the 3 tasks built once: the MuJoCo asset cache is full
+    print("RSS per reset (MiB):", [round(x) for x in rss])
+    assert max(rss[3:]) - warm < RESET_LOOP_GROWTH_MB, rss

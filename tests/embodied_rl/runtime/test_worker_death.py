@@ -26,7 +26,8 @@ from omegaconf import open_dict
 from embodied_rl.checkpoint import latest_checkpoint
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.launcher import RunFailed, launch
-from embodied_rl.runtime.worker import memory_mb, status_path
+from embodied_rl.runtime.memory import memory_mb, worker_process_env
+from embodied_rl.runtime.worker import status_path
 
 pytestmark = pytest.mark.ray
 
@@ -84,6 +85,7 @@ class _Killer(threading.Thread):
         self.node, self.step = node, step
         self.status: dict[str, Any] = {}
         self.process_title = ""
+        self.environment: dict[str, str] = {}
         self.killed_at: float | None = None
 
     def run(self) -> None:
@@ -98,7 +100,9 @@ class _Killer(threading.Thread):
                 self.node,
                 self.step,
             ):
-                self.process_title = " ".join(psutil.Process(status["pid"]).cmdline())
+                process = psutil.Process(status["pid"])
+                self.process_title = " ".join(process.cmdline())
+                self.environment = process.environ()
                 os.kill(status["pid"], signal.SIGKILL)
                 self.killed_at = time.monotonic()
                 self.status = status
@@ -118,6 +122,9 @@ def test_killed_worker_stops_the_run_and_resume_matches_the_uninterrupted_run(
     killer.join(timeout=5)
     assert killer.killed_at is not None, "the worker never reached the fault node"
     assert "DAGWorker" in killer.process_title  # the pid in the status file is the actor's
+    # The worker process started with the allocator settings that keep its memory flat.
+    for name, value in worker_process_env().items():
+        assert killer.environment.get(name) == value, name
     stop_s = stopped_at - killer.killed_at
     print(f"run stopped {stop_s:.1f} s after the kill")
     assert stop_s < STOP_BOUND_S
