@@ -28,6 +28,7 @@ Frames come as MuJoCo gives them: ``(H, W, 3)`` uint8, bottom row first (robosui
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -147,7 +148,10 @@ class TaskRenderer:
             self._gl.free()
 
     def __del__(self) -> None:
-        self.close()  # not left to MjrContext's destructor: see close()
+        # At interpreter exit robosuite's atexit hook may have terminated the EGL display
+        # already, and the process is about to free every GL object anyway.
+        if not sys.is_finalizing():
+            self.close()  # not left to MjrContext's destructor: see close()
 
 
 def _release_egl_context(gl: Any) -> None:

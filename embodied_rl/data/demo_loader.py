@@ -41,26 +41,63 @@ CAMERAS = ("agentview",)  # the policy image rollout.env passes to act (OBS_IMAG
 
 
 def select_demos(
-    paths: Sequence[str], max_demos_per_task: int | None, heldout_every: int
+    paths: Sequence[str],
+    max_demos_per_task: int | None,
+    heldout_every: int,
+    tasks: Sequence[int] | None = None,
 ) -> list[DemoInfo]:
     """Scan the demo files and keep the first ``max_demos_per_task`` demos of each task.
 
-    Demos are taken in file order, then demo order; a task is an instruction.
+    Demos are taken in file order, then demo order; a task is its recorded task id, or its
+    instruction in files that record none (LIBERO's published ones). ``tasks``
+    (``data.tasks``: the suite indices the run trains and evaluates) keeps only the demos of
+    those tasks, by the task id that ``embodied-rl demos`` records; ``None`` keeps all.
 
     Raises:
         DemoFormatError / FileNotFoundError: from the reader (naming file, demo and key).
         ValueError: a selected demo started from a held-out init state (see
-            :func:`check_not_heldout`).
+            :func:`check_not_heldout`); ``tasks`` is set and a file does not record its task,
+            or no demo is of those tasks.
     """
     infos = [info for path in find_demo_files(paths) for info in scan_demo_file(path)]
-    taken: Counter[str] = Counter()
+    if tasks is not None:
+        infos = demos_of_tasks(infos, tasks)
+    taken: Counter[int | str] = Counter()
     selected = []
     for info in infos:
-        if max_demos_per_task is None or taken[info.instruction] < max_demos_per_task:
-            taken[info.instruction] += 1
+        task = info.instruction if info.task_id is None else info.task_id
+        if max_demos_per_task is None or taken[task] < max_demos_per_task:
+            taken[task] += 1
             selected.append(info)
     check_not_heldout(selected, heldout_every)
     return selected
+
+
+def demos_of_tasks(infos: Sequence[DemoInfo], tasks: Sequence[int]) -> list[DemoInfo]:
+    """The demos whose recorded task id is in ``tasks`` (file order kept).
+
+    A folder of a whole suite with ``data.tasks=[0]`` must train on task 0 only, as the RL
+    and evaluation of the same config do; a file that does not say its task cannot be
+    placed, so it is refused rather than silently kept or dropped.
+    """
+    unknown = sorted({str(info.path) for info in infos if info.task_id is None})
+    if unknown:
+        raise ValueError(
+            f"data.tasks={list(tasks)} selects demos by the task id that `embodied-rl demos` "
+            f"records (embodied_rl_task_id), and {unknown[0]} does not record one"
+            f"{f' ({len(unknown) - 1} more files neither)' if len(unknown) > 1 else ''}. "
+            "Fix: list only those tasks' files in data.paths and set data.tasks=null for the "
+            "demos, or regenerate the demos with `embodied-rl demos`"
+        )
+    kept = [info for info in infos if info.task_id in set(tasks)]
+    if not kept:
+        found = sorted({int(info.task_id) for info in infos if info.task_id is not None})
+        raise ValueError(
+            f"no demo in data.paths is of data.tasks={list(tasks)} (the files hold tasks "
+            f"{found}). Fix: generate them with `embodied-rl demos --tasks "
+            f"{' '.join(map(str, tasks))}` or point data.paths at their folder"
+        )
+    return kept
 
 
 def check_not_heldout(infos: Sequence[DemoInfo], heldout_every: int) -> None:

@@ -89,6 +89,8 @@ class DemoInfo:
         image_shape: ``(H, W, 3)`` of its frames.
         image_convention: the file's ``macros_image_convention``.
         init_state_id: the official init state it started from, when the file says so.
+        task_id: the task's index in its suite, when the file says so
+            (``embodied_rl_task_id``; LIBERO's published files do not).
     """
 
     path: Path
@@ -98,6 +100,7 @@ class DemoInfo:
     image_shape: tuple[int, int, int]
     image_convention: str
     init_state_id: int | None = None
+    task_id: int | None = None
 
     @property
     def source(self) -> str:
@@ -201,6 +204,7 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
                 f"{path}: data attribute 'macros_image_convention' is {convention!r}, expected "
                 f"one of {IMAGE_CONVENTIONS}"
             )
+        task_id = data.attrs.get("embodied_rl_task_id")
         infos = []
         for name in _demo_names(path, data):
             group = data[name]
@@ -215,6 +219,7 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
                     image_shape=tuple(int(d) for d in group[IMAGE_KEYS["agentview"]].shape[1:]),
                     image_convention=convention,
                     init_state_id=None if init is None else int(init),
+                    task_id=None if task_id is None else int(task_id),
                 )
             )
     return infos

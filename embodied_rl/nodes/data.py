@@ -257,6 +257,8 @@ class DemoDataConfig:
             (DrQ's augmentation; 0: off).
         heldout_every: the evaluation's split: demos that started from a held-out init state
             (every n-th, ``data.tasks``' rule) are refused; 0 holds nothing out.
+        tasks: suite task indices to train on (``data.tasks``, the tasks the run evaluates);
+            ``None`` keeps the demos of every task in ``paths``.
     """
 
     paths: list[str]
@@ -269,6 +271,7 @@ class DemoDataConfig:
     shuffle: bool = True
     random_shift: int = 0
     heldout_every: int = 5
+    tasks: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -313,7 +316,10 @@ def setup_demo_loader(ctx: NodeContext) -> None:
     """Select and check the demos, build this rank's loader, set the policy's statistics."""
     cfg: DemoDataConfig = ctx.node_config
     infos = select_demos(
-        [str(p) for p in resolve_demo_paths(cfg.paths)], cfg.max_demos_per_task, cfg.heldout_every
+        [str(p) for p in resolve_demo_paths(cfg.paths)],
+        cfg.max_demos_per_task,
+        cfg.heldout_every,
+        tasks=cfg.tasks,
     )
     loader = DemoLoader(
         infos,

@@ -311,9 +311,13 @@ class DAGWorker:
             if name in self.models.specs:
                 self.models[name]
         self.models.load_state_dict(state["models"])
-        for name, nodes in state["nodes"].items():
-            if name in self.executors and (self.mode == "train" or name == "eval"):
-                self.executors[name].load_state_dict(nodes)
+        # Node state (loader positions) continues a training run; `embodied-rl eval` starts its
+        # split from the beginning, so it gives the same episodes whatever the run evaluated
+        # before, and may evaluate another split or init-state count than the run did.
+        if self.mode == "train":
+            for name, nodes in state["nodes"].items():
+                if name in self.executors:
+                    self.executors[name].load_state_dict(nodes)
         checkpoint.restore_rng_state(state["rng"])
         self.start_step = int(state["step"])
         self._elapsed_before = float(state.get("elapsed_s", 0.0))

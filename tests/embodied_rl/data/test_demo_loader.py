@@ -130,3 +130,28 @@ def test_demos_from_held_out_init_states_are_refused(tmp_path, demo_writer):
     assert "held out" in message and "Fix:" in message
     assert len(select_demos([str(folder)], 1, heldout_every=5)) == 1  # demo_1 not selected
     assert len(select_demos([str(folder)], None, heldout_every=0)) == 2  # nothing held out
+
+
+def test_data_tasks_keeps_only_the_demos_of_those_tasks(tmp_path, demo_writer):
+    folder = demo_writer(tmp_path, tasks=3, init_states=(0, 1))
+    assert len(select_demos([str(folder)], None, heldout_every=5)) == 6
+    kept = select_demos([str(folder)], 1, heldout_every=5, tasks=[2, 0])
+    assert [(info.task_id, info.path.name, info.name) for info in kept] == [
+        (0, "task_0_demo.hdf5", "demo_0"),
+        (2, "task_2_demo.hdf5", "demo_0"),
+    ]
+    with pytest.raises(ValueError, match=r"the files hold tasks \[0, 1, 2\]"):
+        select_demos([str(folder)], None, heldout_every=5, tasks=[7])
+
+
+def test_data_tasks_refuses_files_that_do_not_record_their_task(tmp_path, demo_writer):
+    import h5py
+
+    folder = demo_writer(tmp_path, tasks=2, demos=1, init_states=(0,))
+    with h5py.File(folder / "task_1_demo.hdf5", "a") as f:
+        del f["data"].attrs["embodied_rl_task_id"]  # as LIBERO's published files
+    assert len(select_demos([str(folder)], None, heldout_every=5)) == 2  # no filter: kept
+    with pytest.raises(ValueError) as info:
+        select_demos([str(folder)], None, heldout_every=5, tasks=[0])
+    message = str(info.value)
+    assert str(folder / "task_1_demo.hdf5") in message and "Fix:" in message

@@ -43,3 +43,6 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
     args = ["eval", "--config-name", "srpo_reach", "--no-progress", *overrides]
     assert main(args) == 0
     assert (result.run_dir / "eval" / "metrics.jsonl").exists()
+    # ... and on another split than the run's (its loader position is not carried over).
+    assert main([*args, "eval.split=all", "eval.name=eval_all"]) == 0
+    assert (result.run_dir / "eval_all" / "step_000002" / "report.html").exists()
