@@ -89,9 +89,10 @@ def demos_of_tasks(infos: Sequence[DemoInfo], tasks: Sequence[int]) -> list[Demo
             "Fix: list only those tasks' files in data.paths and set data.tasks=null for the "
             "demos, or regenerate the demos with `embodied-rl demos`"
         )
-    kept = [info for info in infos if info.task_id in set(tasks)]
+    wanted = set(tasks)
+    kept = [info for info in infos if info.task_id in wanted]
     if not kept:
-        found = sorted({int(info.task_id) for info in infos if info.task_id is not None})
+        found = sorted({info.task_id for info in infos})
         raise ValueError(
             f"no demo in data.paths is of data.tasks={list(tasks)} (the files hold tasks "
             f"{found}). Fix: generate them with `embodied-rl demos --tasks "
