@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     helps = {
         "train": "run (or with resume=true continue) a training job",
         "validate": "check the config and DAG without building models or starting Ray",
-        "plan": "print each worker's ordered steps, data-parallel ranks and process groups",
+        "plan": "print each worker's ordered steps, data-parallel ranks and process groups, "
+        "and on which Ray node each rank runs",
         "eval": "run the evaluation DAG once on a run's newest checkpoint (videos, report)",
     }
     for name, text in helps.items():
@@ -117,12 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
             return 0
+        from embodied_rl.runtime.launcher import RunFailed, launch, preview_placement
+
         if args.command == "plan":
             from embodied_rl.dag.planner import format_plan, plan_dag
 
             print(format_plan(dag, plan_dag(dag)))
+            try:
+                print(preview_placement(cfg))
+            except RunFailed as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
             return 0
-        from embodied_rl.runtime.launcher import RunFailed, launch
 
         mode = "eval" if args.command == "eval" else "train"
         if mode == "eval" and not cfg.get("eval_dag"):

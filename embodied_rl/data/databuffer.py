@@ -63,6 +63,8 @@ class _SourceMeta:
         schema: Tensor key -> (dtype, trailing shape).
         object_keys: Sorted non-tensor keys.
         object_sizes: ``(N,)`` int64 bytes of each sample's pickled non-tensor values.
+        destinations: ``(N,)`` int64 destination dp rank of each sample when the caller chose
+            them (``redistribute(..., destinations=...)``), else None.
     """
 
     num_rows: int
@@ -71,6 +73,7 @@ class _SourceMeta:
     schema: Schema
     object_keys: tuple[str, ...]
     object_sizes: np.ndarray
+    destinations: np.ndarray | None = None
 
 
 def _row_sum(mask: torch.Tensor) -> torch.Tensor:
@@ -105,11 +108,18 @@ def token_weights(batch: TensorDict) -> np.ndarray:
     return weights.numpy()
 
 
-def _describe(batch: TensorDict | None, keep_groups: bool) -> tuple[_SourceMeta, list[bytes]]:
+def _describe(
+    batch: TensorDict | None, keep_groups: bool, destinations: torch.Tensor | None
+) -> tuple[_SourceMeta, list[bytes]]:
     """Metadata of a source shard, plus each sample's pickled non-tensor values."""
     if batch is None:
         batch = TensorDict({}, batch_size=[0])
     n = batch_len(batch)
+    chosen = None
+    if destinations is not None:
+        chosen = destinations.detach().cpu().reshape(-1).to(torch.int64).numpy()
+        if len(chosen) != n:
+            raise ValueError(f"destinations has {len(chosen)} entries for a shard of {n} rows")
     t_keys = tensor_keys(batch)
     schema = {k: (batch.get(k).dtype, tuple(batch.get(k).shape[1:])) for k in t_keys}
     object_keys = tuple(non_tensor_keys(batch))
@@ -121,7 +131,7 @@ def _describe(batch: TensorDict | None, keep_groups: bool) -> tuple[_SourceMeta,
     if keep_groups and K.GROUP_ID in schema:
         group_ids = batch.get(K.GROUP_ID).detach().cpu().reshape(n).to(torch.int64).numpy()
     sizes = np.array([len(r) for r in rows] if rows else [0] * n, dtype=np.int64)
-    meta = _SourceMeta(n, token_weights(batch), group_ids, schema, object_keys, sizes)
+    meta = _SourceMeta(n, token_weights(batch), group_ids, schema, object_keys, sizes, chosen)
     return meta, rows
 
 
@@ -185,6 +195,25 @@ def _assign(metas: list[_SourceMeta], use_groups: bool, num_bins: int) -> list[n
     bins = np.asarray(assign_units(unit_weights.tolist(), num_bins), dtype=np.int64)
     dest = bins[unit_of_sample] if total else np.zeros(0, dtype=np.int64)
     return np.split(dest, np.cumsum(counts)[:-1])
+
+
+def _chosen_destinations(metas: list[_SourceMeta], num_dst: int) -> list[np.ndarray]:
+    """The destinations the source leaders chose, checked on every rank alike (no hang)."""
+    dests = []
+    for s, meta in enumerate(metas):
+        chosen = meta.destinations
+        if chosen is None:
+            raise ValueError(
+                f"source shard {s} passed no destinations while others did; every source "
+                "leader must pass destinations=..."
+            )
+        if len(chosen) and (chosen.min() < 0 or chosen.max() >= num_dst):
+            raise ValueError(
+                f"source shard {s} sends to dp rank {int(chosen.max())} or {int(chosen.min())};"
+                f" the destination layout has dp ranks 0..{num_dst - 1}"
+            )
+        dests.append(chosen)
+    return dests
 
 
 def _row_nbytes(schema: Schema) -> dict[str, int]:
@@ -373,6 +402,7 @@ def redistribute(
     keep_groups: bool = True,
     transport: Transport | None = None,
     stats: TransferStats | None = None,
+    destinations: torch.Tensor | None = None,
 ) -> TensorDict | None:
     """Move a node's output from layout ``src`` to layout ``dst``; collective over both.
 
@@ -392,8 +422,12 @@ def redistribute(
             when ``src == dst`` or when ``transport`` is given.
         keep_groups: Keep all samples sharing a ``GROUP_ID`` on one destination shard.
         transport: How bytes move; default :func:`transport_for` ``(group)`` (shared memory
-            when all ranks share a machine, else one ``all_to_all_single``).
+            between ranks of one node, one ``all_to_all_single`` between nodes).
         stats: Accumulates bytes, collectives and time spent by this rank.
+        destinations: ``(B,)`` int64 destination dp rank of each row of this source shard,
+            chosen by the caller instead of the balanced assignment (e.g. the global
+            mini-batches of :mod:`embodied_rl.data.mini_batches`); every source leader passes
+            its own. With destinations the rows move even when ``src == dst``.
 
     Returns:
         This rank's destination shard (``M`` samples) if ``rank in dst``, else None. With
@@ -403,7 +437,8 @@ def redistribute(
         ValueError: If the rank is not in either layout, the group does not match the layouts,
             or non-empty source shards disagree on a key's dtype or trailing shape.
     """
-    if src == dst:
+    explicit = destinations is not None
+    if src == dst and not explicit:
         return batch if rank in src else None
     union = sorted(set(src.ranks) | set(dst.ranks))
     if rank not in union:
@@ -419,11 +454,16 @@ def redistribute(
         )
     stats = stats if stats is not None else TransferStats()
     start, collectives = time.perf_counter(), transport.num_collectives
-    meta, rows = _describe(batch, keep_groups) if rank in src.shard_leaders() else (None, [])
+    shm_before, network_before = transport.shm_bytes, transport.network_bytes
+    leader = rank in src.shard_leaders()
+    meta, rows = _describe(batch, keep_groups, destinations) if leader else (None, [])
     payload = b"" if meta is None else pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
     metas = _gather_sources(transport, src, payload)
     schema, object_keys = _consensus_schema(metas)
-    dests = _assign(metas, keep_groups and K.GROUP_ID in schema, dst.dp_size)
+    if explicit:
+        dests = _chosen_destinations(metas, dst.dp_size)
+    else:
+        dests = _assign(metas, keep_groups and K.GROUP_ID in schema, dst.dp_size)
     middle = time.perf_counter()
     out = _exchange(
         batch, rows, metas, dests, schema, object_keys, (src, dst), rank, transport, stats
@@ -431,6 +471,8 @@ def redistribute(
     stats.calls += 1
     stats.metadata_bytes += len(payload)
     stats.num_collectives += transport.num_collectives - collectives
+    stats.bytes_shm += transport.shm_bytes - shm_before
+    stats.bytes_network += transport.network_bytes - network_before
     stats.metadata_seconds += middle - start
     stats.payload_seconds += time.perf_counter() - middle
     return out

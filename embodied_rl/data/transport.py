@@ -8,10 +8,15 @@ Two transports:
 
 - :class:`AllToAllTransport`: one ``all_to_all_single`` on the process group. Works across
   machines and on accelerators (NCCL/HCCL move device memory directly).
-- :class:`SharedMemoryTransport`: for CPU groups whose ranks all run on one machine. gloo moves
+- :class:`SharedMemoryTransport`: for CPU groups with several ranks on one node. gloo moves
   bytes through TCP loopback (about 1.3 GB/s per rank here, against 7.6 GB/s for a memory
-  copy), so instead each sender copies its slices into ``/dev/shm`` files that each receiver
-  keeps mapped: one memory copy and no socket. Control (metadata, barriers) stays on gloo.
+  copy), so between ranks of one node each sender copies its slices into ``/dev/shm`` files
+  that each receiver keeps mapped: one memory copy and no socket. Slices between nodes go
+  through one ``all_to_all_single`` on the group. Control (metadata, barriers) stays on gloo.
+
+A "node" is a Ray node (:func:`node_identity`): several Ray nodes started on one machine (the
+multi-node tests) are treated as the separate machines they stand for. Each transport counts
+the payload bytes this rank sent through shared memory and through the network.
 
 :func:`transport_for` picks one per process group, once, and caches it.
 """
@@ -22,6 +27,7 @@ import itertools
 import os
 import pickle
 import socket
+import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +56,9 @@ class TransferStats:
         bytes_sent: Payload bytes this rank sent to other ranks.
         bytes_received: Payload bytes this rank received from other ranks.
         bytes_local: Payload bytes this rank sent to itself (a copy, no network).
+        bytes_shm: Of ``bytes_sent``, what went through shared memory (same node).
+        bytes_network: Of ``bytes_sent``, what went through the collective (another node, or
+            any peer when the collective transport is used).
         metadata_bytes: Pickled metadata bytes this rank contributed to the all-gather.
         num_collectives: Collective operations issued (metadata and payload).
         metadata_seconds: Wall time of describing, gathering metadata and assigning units.
@@ -60,6 +69,8 @@ class TransferStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_local: int = 0
+    bytes_shm: int = 0
+    bytes_network: int = 0
     metadata_bytes: int = 0
     num_collectives: int = 0
     metadata_seconds: float = 0.0
@@ -70,10 +81,13 @@ class Transport(Protocol):
     """The collectives a redistribution needs, over the ranks of both layouts.
 
     Peers are addressed by their position in the group (``group_rank``). A transport counts its
-    collectives in ``num_collectives`` so benchmarks can compare implementations.
+    collectives in ``num_collectives`` so benchmarks can compare implementations, and the
+    payload bytes it sent to other ranks by path in ``shm_bytes`` and ``network_bytes``.
     """
 
     num_collectives: int
+    shm_bytes: int
+    network_bytes: int
 
     def size(self) -> int:
         """Number of ranks in the group."""
@@ -116,6 +130,8 @@ class AllToAllTransport:
         self.group = group
         self.device = torch.device(device)
         self.num_collectives = 0
+        self.shm_bytes = 0  # never: every byte goes through the collective
+        self.network_bytes = 0
 
     def size(self) -> int:
         return dist.get_world_size(self.group)
@@ -145,6 +161,8 @@ class AllToAllTransport:
         self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]
     ) -> torch.Tensor:
         out = torch.empty(sum(recv_splits), dtype=send.dtype, device=self.device)
+        me = dist.get_rank(self.group)
+        self.network_bytes += sum(send_splits) - send_splits[me]
         dist.all_to_all_single(
             out,
             send.to(self.device),
@@ -161,26 +179,29 @@ _instance_ids = itertools.count()
 
 
 class SharedMemoryTransport:
-    """:class:`Transport` for ranks on one machine: payload through shared-memory files.
+    """:class:`Transport` for CPU groups with several ranks per node: shared memory within a
+    node, one collective between nodes.
 
-    Each (sender, receiver) pair has one file in ``/dev/shm``, named after the sender's pid and
-    transport instance and the receiver, kept mapped on both sides for the transport's life
-    and grown when a payload is larger. Reusing it matters: the first write to a fresh tmpfs
-    page costs a page fault and zeroing, several times the copy itself. ``all_to_all`` is:
-    barrier (receivers are done with the previous payload), every sender copies its slices
-    into its files, barrier, every receiver returns views of its files (one source) or their
-    concatenation. The views are valid until the next ``all_to_all`` on this transport, and
+    Each (sender, receiver) pair on one node has one file in ``/dev/shm``, named after the
+    sender's pid and transport instance and the receiver, kept mapped on both sides for the
+    transport's life and grown when a payload is larger. Reusing it matters: the first write to
+    a fresh tmpfs page costs a page fault and zeroing, several times the copy itself.
+    ``all_to_all`` is: barrier (receivers are done with the previous payload), every sender
+    copies its same-node slices into its files, the slices for other nodes go through one
+    ``all_to_all_single`` (only when the group spans nodes), barrier, every receiver returns
+    views of its files or their concatenation with the network part. The views are valid until
+    the next ``all_to_all`` on this transport, and
     :func:`~embodied_rl.data.databuffer.redistribute` copies out of them before returning.
 
-    Construction is collective: the ranks exchange (host, pid, instance) once, so file names
+    Construction is collective: the ranks exchange (node, pid, instance) once, so file names
     never collide between runs, groups or processes. Metadata all-gathers and the barriers go
     through ``group`` (gloo). Files are unlinked when the transport is collected or the process
     exits; a killed process's files are removed by the next transport that starts
     (:func:`embodied_rl.shm.remove_orphans`).
 
     Args:
-        group: CPU process group whose ranks all run on this machine.
-        peers: The (host, pid, instance) of every group rank, from :func:`transport_for`'s
+        group: CPU process group.
+        peers: The (node, pid, instance) of every group rank, from :func:`build_transport`'s
             handshake.
         instance: This rank's instance id, part of its file names.
     """
@@ -191,15 +212,23 @@ class SharedMemoryTransport:
         self.collective = AllToAllTransport(group)
         self.group, self.peers, self.instance = group, peers, instance
         self.me = dist.get_rank(group)
+        node = peers[self.me][0]
+        self.same_node = [peer_node == node for peer_node, _, _ in peers]
+        self.spans_nodes = not all(self.same_node)
         self.root = shm_dir()
+        self.shm_bytes = 0
         self._outgoing: dict[int, torch.Tensor] = {}  # receiver -> mapping of our file
         self._incoming: dict[int, torch.Tensor] = {}  # sender -> mapping of its file
-        own = [self._segment(self.me, p) for p in range(len(peers)) if p != self.me]
+        own = [self._segment(self.me, p) for p in self._shm_peers()]
         weakref.finalize(self, _unlink_all, own)
 
     @property
     def num_collectives(self) -> int:
         return self.collective.num_collectives
+
+    @property
+    def network_bytes(self) -> int:
+        return self.collective.network_bytes
 
     def size(self) -> int:
         return self.collective.size()
@@ -210,6 +239,10 @@ class SharedMemoryTransport:
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
         return self.collective.all_gather_bytes(payload)
 
+    def _shm_peers(self) -> list[int]:
+        """Group ranks on this node other than this one."""
+        return [p for p, same in enumerate(self.same_node) if same and p != self.me]
+
     def _segment(self, sender: int, receiver: int) -> Path:
         _, pid, instance = self.peers[sender]
         return self.root / f"{SEGMENT_PREFIX}{pid}-{instance}-{receiver}"
@@ -219,20 +252,41 @@ class SharedMemoryTransport:
     ) -> torch.Tensor:
         offsets = [0, *itertools.accumulate(send_splits)]
         dist.barrier(group=self.group)  # nobody still reads the previous payload
-        for p, nbytes in enumerate(send_splits):
-            if nbytes and p != self.me:
-                self._outgoing_view(p, nbytes).copy_(send[offsets[p] : offsets[p + 1]])
+        for p in self._shm_peers():
+            if send_splits[p]:
+                self._outgoing_view(p, send_splits[p]).copy_(send[offsets[p] : offsets[p + 1]])
+                self.shm_bytes += send_splits[p]
+        remote = self._exchange_between_nodes(send, offsets, send_splits, recv_splits)
         dist.barrier(group=self.group)  # every slice addressed to anyone is written
         self.collective.num_collectives += 2
-        local = send[offsets[self.me] : offsets[self.me + 1]]
-        parts = [
-            local if q == self.me else self._incoming_view(q, nbytes)
-            for q, nbytes in enumerate(recv_splits)
-            if nbytes
-        ]
+        parts = []
+        for q, nbytes in enumerate(recv_splits):
+            if not nbytes:
+                continue
+            if q == self.me:
+                parts.append(send[offsets[q] : offsets[q + 1]])
+            elif self.same_node[q]:
+                parts.append(self._incoming_view(q, nbytes))
+            else:
+                parts.append(remote[q])
         if len(parts) == 1:
             return parts[0]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def _exchange_between_nodes(
+        self, send: torch.Tensor, offsets: list[int], send_splits: list[int], recv_splits: list[int]
+    ) -> dict[int, torch.Tensor]:
+        """The slices for other nodes through one collective; ``{sender: received slice}``."""
+        if not self.spans_nodes:
+            return {}
+        remote = [not same for same in self.same_node]
+        net_send = [n if far else 0 for n, far in zip(send_splits, remote)]
+        net_recv = [n if far else 0 for n, far in zip(recv_splits, remote)]
+        slices = [send[offsets[p] : offsets[p + 1]] for p, n in enumerate(net_send) if n]
+        payload = torch.cat(slices) if slices else torch.empty(0, dtype=torch.uint8)
+        received = self.collective.all_to_all(payload, net_send, net_recv)
+        ends = [0, *itertools.accumulate(net_recv)]
+        return {q: received[ends[q] : ends[q + 1]] for q, n in enumerate(net_recv) if n}
 
     def _outgoing_view(self, receiver: int, nbytes: int) -> torch.Tensor:
         """The first ``nbytes`` of our file for ``receiver``, grown (never shrunk) to fit."""
@@ -264,32 +318,64 @@ def _unlink_all(paths: list[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
+NODE_ENV = "EMBODIED_RL_NODE_ID"
+
+
+def node_identity() -> str:
+    """The node this process runs on: ``$EMBODIED_RL_NODE_ID`` if set, else the Ray node id
+    inside a Ray worker, else the host name.
+
+    Ray's node id, not the host name, so that Ray nodes started side by side on one machine
+    (the multi-node tests, ``embodied_rl.runtime.local_cluster``) use the transport between
+    machines as a real cluster would.
+    """
+    if os.environ.get(NODE_ENV):
+        return os.environ[NODE_ENV]
+    ray = sys.modules.get("ray")  # never import Ray just to ask
+    if ray is not None and ray.is_initialized():
+        return str(ray.get_runtime_context().get_node_id())
+    return socket.gethostname()
+
+
+def build_transport(group: dist.ProcessGroup, node: str | None = None) -> Transport:
+    """A new transport for ``group``; collective over the group's ranks.
+
+    Shared memory (:class:`SharedMemoryTransport`) when the backend is gloo and some ranks
+    share a node, else :class:`AllToAllTransport`. ``EMBODIED_RL_TRANSPORT=collective`` forces
+    the collective transport (for comparisons), ``shm`` demands shared memory.
+
+    Args:
+        group: The process group.
+        node: This rank's node (default :func:`node_identity`).
+    """
+    transport: Transport = AllToAllTransport(group)
+    wanted = os.environ.get("EMBODIED_RL_TRANSPORT", "auto")
+    if wanted not in ("auto", "collective", "shm"):
+        raise ValueError(f"EMBODIED_RL_TRANSPORT must be auto, collective or shm, got {wanted!r}")
+    if wanted == "collective" or dist.get_backend(group) != "gloo":
+        return transport
+    instance = next(_instance_ids)
+    me = pickle.dumps((node or node_identity(), os.getpid(), instance))
+    peers = [pickle.loads(p) for p in transport.all_gather_bytes(me)]
+    nodes = [peer_node for peer_node, _, _ in peers]
+    if len(set(nodes)) < len(nodes):  # some rank has a peer on its node
+        remove_orphans(SEGMENT_PREFIX)
+        return SharedMemoryTransport(group, peers, instance)
+    if wanted == "shm":
+        raise ValueError("EMBODIED_RL_TRANSPORT=shm needs ranks that share a node")
+    return transport
+
+
 # One transport per process group, built at its first use (a collective of the group's ranks,
 # who all reach the same redistribution together). Groups live for the whole run.
 _TRANSPORTS: dict[int, tuple[dist.ProcessGroup, Transport]] = {}
 
 
 def transport_for(group: dist.ProcessGroup) -> Transport:
-    """The transport for ``group``: shared memory when every rank is on this machine and the
-    group's backend is gloo, else :class:`AllToAllTransport`. Collective on first use.
-
-    ``EMBODIED_RL_TRANSPORT=collective`` forces the collective transport (for comparisons).
-    """
+    """The cached transport of ``group`` (:func:`build_transport`). Collective on first use."""
     cached = _TRANSPORTS.get(id(group))
     if cached is not None and cached[0] is group:
         return cached[1]
-    transport: Transport = AllToAllTransport(group)
-    wanted = os.environ.get("EMBODIED_RL_TRANSPORT", "auto")
-    if wanted not in ("auto", "collective", "shm"):
-        raise ValueError(f"EMBODIED_RL_TRANSPORT must be auto, collective or shm, got {wanted!r}")
-    if wanted != "collective" and dist.get_backend(group) == "gloo":
-        instance = next(_instance_ids)
-        me = pickle.dumps((socket.gethostname(), os.getpid(), instance))
-        peers = [pickle.loads(p) for p in transport.all_gather_bytes(me)]
-        if len({host for host, _, _ in peers}) == 1:
-            remove_orphans(SEGMENT_PREFIX)
-            transport = SharedMemoryTransport(group, peers, instance)
-        elif wanted == "shm":
-            raise ValueError("EMBODIED_RL_TRANSPORT=shm needs every rank on one machine")
+    transport = build_transport(group)
     _TRANSPORTS[id(group)] = (group, transport)
     return transport

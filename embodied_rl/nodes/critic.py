@@ -215,7 +215,9 @@ class CriticTrainConfig:
     Attributes:
         model: the trainable critic (its optimizer comes from ``models.<name>``).
         ppo_epochs: passes over the batch per step.
-        num_mini_batches: optimizer steps per epoch; each rank splits its shard into this many.
+        num_mini_batches: optimizer steps per epoch: the global batch is cut into this many
+            pieces by ``SAMPLE_ID``, the same for any number of workers
+            (:mod:`embodied_rl.data.mini_batches`).
         micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
         cliprange_value: c in ``V_clip = V_old + clip(V - V_old, -c, c)``.
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.

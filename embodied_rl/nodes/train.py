@@ -29,6 +29,7 @@ from embodied_rl.algorithms.losses import (
 )
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
+from embodied_rl.data.mini_batches import global_mini_batches
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.fsdp import (
     chunked_forward,
@@ -101,7 +102,9 @@ class ActorTrainConfig:
     Attributes:
         model: the trainable model to update (its optimizer comes from ``models.<name>``).
         ppo_epochs: passes over the batch per step.
-        num_mini_batches: optimizer steps per epoch; each rank splits its shard into this many.
+        num_mini_batches: optimizer steps per epoch: the global batch is cut into this many
+            pieces by ``SAMPLE_ID``, the same for any number of workers
+            (:mod:`embodied_rl.data.mini_batches`).
         micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
         clip_ratio_low / clip_ratio_high: clip range ``[1-low, 1+high]``; equal values are the
             symmetric PPO clip, 0.2 / 0.28 is DAPO's clip-higher, GSPO uses 3e-4 / 4e-4.
@@ -371,9 +374,9 @@ def run_updates(
     skipped = 0
     # The row of an FSDP model's zero-weight passes (see mini_batch_update); DDP needs none.
     filler = filler_rows(batch) if is_fsdp(ctx.models[cfg.model]) else None
+    pieces = mini_batches_of(ctx, batch, cfg.num_mini_batches)
     for _ in range(cfg.ppo_epochs):
-        for rows in torch.arange(batch_len(batch)).tensor_split(cfg.num_mini_batches):
-            mini = batch[rows]
+        for mini in pieces:
             loss = loss_for(global_counts(ctx, mini))
             grad_norm, was_skipped = mini_batch_update(
                 ctx, cfg.model, mini, cfg.micro_batch_size, loss, filler
@@ -383,6 +386,19 @@ def run_updates(
                 ctx.metrics.log(f"{prefix}/grad_norm", grad_norm, reduce="max")
     count_bad_steps(ctx, prefix, skipped, cfg.max_bad_steps, cfg.model)
     return skipped
+
+
+def mini_batches_of(ctx: NodeContext, batch: TensorDict, num_mini_batches: int) -> list[TensorDict]:
+    """This rank's rows of each global mini-batch (:mod:`embodied_rl.data.mini_batches`): the
+    same pieces of the step's batch for any number of dp ranks."""
+    if num_mini_batches > 1 and K.SAMPLE_ID not in batch.keys():
+        raise ValueError(
+            f"node {ctx.node_id!r}: num_mini_batches={num_mini_batches} cuts the batch by "
+            f"{K.SAMPLE_ID}, which its input lacks; write {K.SAMPLE_ID} upstream or set "
+            "num_mini_batches=1"
+        )
+    dp_ranks = ctx.layout.dp_group_ranks(ctx.rank)
+    return global_mini_batches(batch, num_mini_batches, ctx.dp_group, dp_ranks, ctx.rank)
 
 
 def global_counts(ctx: NodeContext, mini: TensorDict) -> GlobalCounts:

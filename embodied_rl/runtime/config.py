@@ -103,16 +103,39 @@ class TrainerConfig:
         _positive(self, "time_limit_min")
 
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
 @dataclass
 class RayConfig:
-    """``ray``: ``address: null`` starts an embedded local cluster; ``auto`` joins one."""
+    """``ray``: ``address: null`` starts an embedded local cluster; ``auto`` joins one.
+
+    Attributes:
+        address: ``null`` (embedded cluster on this machine), ``auto`` (the cluster this
+            machine is a node of) or ``host:port`` of a head node's GCS.
+        num_cpus: logical CPUs of the embedded cluster (default: enough for the workers).
+        poll_interval_s: how often the driver asks the workers for their status.
+        placement_strategy: how the workers' bundles are placed on the nodes (Ray's placement
+            group strategies): ``PACK`` fills as few nodes as possible (the least traffic
+            between nodes), ``SPREAD`` spreads them over the nodes.
+        connect_timeout_s: how long reaching ``address`` may take before the run is refused.
+        placement_timeout_s: how long the cluster may take to place every worker.
+    """
 
     address: str | None = None
     num_cpus: int | None = None
     poll_interval_s: float = 0.5
+    placement_strategy: str = "PACK"
+    connect_timeout_s: float = 15.0
+    placement_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        _positive(self, "num_cpus", "poll_interval_s")
+        _positive(self, "num_cpus", "poll_interval_s", "connect_timeout_s", "placement_timeout_s")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                f"got {self.placement_strategy!r}"
+            )
 
 
 @dataclass

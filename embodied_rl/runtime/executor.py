@@ -17,6 +17,7 @@ from embodied_rl.dag.planner import RunNode, Transfer, WorkerPlan
 from embodied_rl.dag.spec import DagSpec
 from embodied_rl.data.batch import merge
 from embodied_rl.data.databuffer import redistribute
+from embodied_rl.data.transport import TransferStats
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
 Outputs = dict[str, TensorDict]
@@ -74,6 +75,7 @@ class PlanExecutor:
         for item in steps:
             if isinstance(item, Transfer):
                 self.set_status(step, "transfer", f"{item.src_node}->{item.dst_node}")
+                stats = TransferStats()
                 out = redistribute(
                     outputs.get(item.src_node),
                     item.src,
@@ -81,12 +83,30 @@ class PlanExecutor:
                     self.rank,
                     self.groups[item.ranks],
                     keep_groups=True,
+                    stats=stats,
                 )
+                self.log_transfer(item, stats)
                 if out is not None:
                     received[(item.dst_node, item.src_node)] = out
             else:
                 batch = self.node_input(item.node_id, outputs, received)
                 outputs[item.node_id] = self.run_node(item.node_id, step, batch)
+
+    def log_transfer(self, transfer: Transfer, stats: TransferStats) -> None:
+        """Bytes moved by the databuffer, by path, summed over ranks; the slowest rank's time.
+
+        ``databuffer/bytes_shm`` went through shared memory (ranks on one node),
+        ``databuffer/bytes_network`` through the collective (between nodes), and
+        ``databuffer/bytes_local`` stayed on the rank that produced it.
+        """
+        prefix = "databuffer/" if self.name == "train" else f"databuffer/{self.name}/"
+        self.sink.log(f"{prefix}bytes_shm", stats.bytes_shm, reduce="sum")
+        self.sink.log(f"{prefix}bytes_network", stats.bytes_network, reduce="sum")
+        self.sink.log(f"{prefix}bytes_local", stats.bytes_local, reduce="sum")
+        seconds = stats.metadata_seconds + stats.payload_seconds
+        time_prefix = "time/" if self.name == "train" else f"time/{self.name}/"
+        name = f"{time_prefix}transfer/{transfer.src_node}->{transfer.dst_node}"
+        self.sink.log(name, seconds, reduce="max")
 
     def node_input(self, node_id: str, outputs: Outputs, received: Received) -> TensorDict | None:
         """The merged outputs of a node's deps, as laid out for this node."""

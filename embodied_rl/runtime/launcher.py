@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from embodied_rl.devices import actor_options, bundle, device_spec
 from embodied_rl.metrics import ProgressBar
+from embodied_rl.runtime import cluster
 from embodied_rl.runtime.config import section, validate_config
 from embodied_rl.runtime.memory import worker_process_env
 
@@ -28,7 +29,8 @@ _KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult
 
 
 class RunFailed(RuntimeError):
-    """A worker failed or died; the message names the rank, node and step."""
+    """A worker failed or died, or the cluster cannot run the job; the message names the
+    rank, node and step, or what the cluster lacks, and the fix."""
 
 
 class _WorkerError(Exception):
@@ -70,10 +72,12 @@ def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
 def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> dict[str, Any]:
     """The arguments of ``ray.init``: join ``ray.address``, or start an embedded cluster.
 
-    The embedded cluster runs without the dashboard: anyone who reaches the dashboard can
-    submit jobs, i.e. run code. Its host is pinned to 127.0.0.1 as well, in case some Ray
-    version starts its HTTP server anyway. A cluster joined through ``ray.address`` keeps the
-    dashboard settings it was started with (``ray start --include-dashboard=false`` there).
+    The embedded cluster is always a new one (``address="local"``): a plain ``ray.init()``
+    would join a cluster that ``ray start`` left running on this machine, and refuse our
+    ``num_cpus``. It runs without the dashboard: anyone who reaches the dashboard can submit
+    jobs, i.e. run code. Its host is pinned to 127.0.0.1 as well, in case some Ray version
+    starts its HTTP server anyway. A cluster joined through ``ray.address`` keeps the dashboard
+    settings it was started with (``ray start --include-dashboard=false`` there).
     """
     ray_cfg = section(cfg, "ray")
     if ray_cfg.address:
@@ -81,6 +85,7 @@ def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -
     # Over-subscribe logical CPUs when needed: the workers mostly wait on each other.
     need = int(num_workers * cpus_per_worker + 0.999)
     return {
+        "address": "local",
         "num_cpus": ray_cfg.num_cpus or max(os.cpu_count() or 1, need),
         "include_dashboard": False,
         "dashboard_host": "127.0.0.1",
@@ -89,15 +94,80 @@ def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -
 
 
 def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> bool:
-    """Connect to ``ray.address`` or start an embedded cluster; returns True if we started it."""
+    """Connect to ``ray.address`` or start an embedded cluster; returns True if we started it.
+
+    Raises:
+        RunFailed: ``ray.address`` cannot be reached or joined (the message says the fix).
+    """
     import ray
 
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs = ray_init_kwargs(cfg, num_workers, cpus_per_worker)
-    ray.init(**kwargs)
-    return "address" not in kwargs
+    joining = kwargs["address"] != "local"
+    try:
+        if joining:
+            cluster.check_reachable(kwargs["address"], section(cfg, "ray").connect_timeout_s)
+        ray.init(**kwargs)
+    except cluster.ClusterError as err:
+        raise RunFailed(str(err)) from None
+    except ConnectionError as err:
+        raise RunFailed(str(cluster.connect_error(kwargs["address"], err))) from None
+    return not joining
+
+
+def place_workers(cfg: DictConfig, n: int, worker_bundle: dict[str, float]) -> Any:
+    """A placement group of one bundle per worker, placed; raises RunFailed if it cannot be."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    ray_cfg = section(cfg, "ray")
+    try:
+        cluster.check_capacity(n, worker_bundle, ray_cfg.placement_strategy)
+        group = placement_group([worker_bundle] * n, strategy=ray_cfg.placement_strategy)
+    except cluster.ClusterError as err:
+        raise RunFailed(str(err)) from None
+    try:
+        cluster.wait_placed(group, ray_cfg.placement_timeout_s, n, worker_bundle)
+    except cluster.ClusterError as err:
+        remove_placement_group(group)
+        raise RunFailed(str(err)) from None
+    return group
+
+
+def preview_placement(cfg: DictConfig) -> str:
+    """Where the ranks of ``cfg`` would run (``embodied-rl plan``).
+
+    With ``ray.address`` the cluster is asked for real: a placement group like the run's is
+    placed, read and removed again. The embedded cluster puts every rank on this machine.
+    """
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    workers_cfg = section(cfg, "workers")
+    n = workers_cfg.num_workers
+    if not section(cfg, "ray").address:
+        return f"placement: {n} worker(s) on this machine (embedded Ray cluster)"
+    connected_before = ray.is_initialized()
+    start_ray(cfg, n, workers_cfg.cpus_per_worker)
+    try:
+        group = place_workers(
+            cfg, n, bundle(device_spec(str(cfg.device)), workers_cfg.cpus_per_worker)
+        )
+        try:
+            return cluster.format_placement(cluster.placement(group))
+        finally:
+            remove_placement_group(group)
+    finally:
+        if not connected_before:
+            ray.shutdown()
+
+
+def _record_placement(run_dir: Path, rank_nodes: list[str]) -> None:
+    """``placement.json``: the Ray node of every rank; logged when the run spans nodes."""
+    (run_dir / "placement.json").write_text(json.dumps({"rank_nodes": rank_nodes}, indent=1))
+    if len(set(rank_nodes)) > 1:
+        print(cluster.format_placement(rank_nodes), flush=True)
 
 
 def _clear_status_files(run_dir: Path) -> None:
@@ -116,7 +186,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
     ``mode="eval"`` runs the evaluation DAG once on the run's newest checkpoint.
     """
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from embodied_rl.runtime.worker import DAGWorker
@@ -132,10 +202,16 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
     n = workers_cfg.num_workers
     started_ray = start_ray(cfg, n, workers_cfg.cpus_per_worker)
     spec = device_spec(str(cfg.device))
-    group = placement_group([bundle(spec, workers_cfg.cpus_per_worker)] * n, strategy="PACK")
+    try:
+        group = place_workers(cfg, n, bundle(spec, workers_cfg.cpus_per_worker))
+    except RunFailed:
+        if started_ray:
+            ray.shutdown()
+        raise
     actors: list[Any] = []
     try:
-        ray.get(group.ready(), timeout=120)
+        rank_nodes = cluster.placement(group)
+        _record_placement(run_dir, rank_nodes)
         plain_cfg = OmegaConf.to_container(cfg, resolve=True)
         show_progress = show_progress and sys.stderr.isatty()
         if show_progress:  # one display: the driver's bar instead of rank 0's step lines
@@ -152,7 +228,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
                     runtime_env={"env_vars": worker_process_env()},
                 ).remote(plain_cfg, rank, n, str(run_dir), mode)
             )
-        return _drive(cfg, actors, run_dir, show_progress and mode == "train")
+        return _drive(cfg, actors, run_dir, show_progress and mode == "train", rank_nodes)
     finally:
         _close_workers(actors)
         for actor in actors:
@@ -177,11 +253,17 @@ def _close_workers(actors: list[Any], timeout_s: float = 30.0) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
 
-def _drive(cfg: DictConfig, actors: list[Any], run_dir: Path, show_progress: bool) -> RunResult:
+def _drive(
+    cfg: DictConfig,
+    actors: list[Any],
+    run_dir: Path,
+    show_progress: bool,
+    rank_nodes: list[str],
+) -> RunResult:
     """Set the workers up, start their loops, and watch until all finish or one fails."""
     # Bounded: the driver polls every worker twice a second, for days in a long run.
     records: deque[Any] = deque(maxlen=_KEPT_RECORDS)
-    monitor = _Monitor(actors, records, run_dir)
+    monitor = _Monitor(actors, records, run_dir, rank_nodes)
     where = monitor.wait_all([actors[0].rendezvous_address.remote()])[0]
     monitor.wait_all([a.setup.remote(where["address"], where["port"]) for a in actors])
     total = int(cfg.trainer.total_steps)
@@ -204,9 +286,13 @@ class _Monitor:
     """Tracks each worker's last reported (step, node) to explain failures."""
 
     grace_s = 5.0
+    node_death_wait_s = 45.0  # Ray's default health checks mark a dead node within ~30 s
 
-    def __init__(self, actors: list[Any], records: deque[Any], run_dir: Path) -> None:
+    def __init__(
+        self, actors: list[Any], records: deque[Any], run_dir: Path, rank_nodes: list[str]
+    ) -> None:
         self.run_dir = run_dir
+        self.rank_nodes = rank_nodes  # the Ray node id of each rank
         self.actors = actors
         self.records = records
         self.last: dict[int, dict[str, Any]] = {}
@@ -244,18 +330,38 @@ class _Monitor:
         import ray
 
         where = self._last_known(rank)
-        if isinstance(err, ray.exceptions.RayActorError):
-            what = "died (its process exited or was killed)"
-        else:
-            what = "failed"
+        died = isinstance(err, ray.exceptions.RayActorError)
+        what = "died (its process exited or was killed)" if died else "failed"
         if where.get("node") is not None:
             place = f"node {where['node']!r} at step {where.get('step')}"
+        elif int(where.get("step", -1)) >= 0:
+            place = f"{where.get('phase')} at step {where.get('step')}"
         else:
             place = f"{where.get('phase') or 'setup'} (before any node ran)"
         if where.get("pid") is not None:
             place += f" (pid {where['pid']} on host {where.get('host')})"
+        note = self._lost_node_note(rank) if died else ""
         return RunFailed(
-            f"worker rank {rank} {what} during {place}; the run was stopped. Cause: {err}"
+            f"worker rank {rank} {what} during {place}; the run was stopped.{note} Cause: {err}"
+        )
+
+    def _lost_node_note(self, rank: int) -> str:
+        """When the rank's Ray node is gone: which node, which ranks died with it, the fix.
+
+        In a run over several nodes the cluster needs a few seconds (its health checks) to mark
+        a crashed node dead, so the driver waits for that before it explains the failure.
+        """
+        node_id = self.rank_nodes[rank] if rank < len(self.rank_nodes) else None
+        if node_id is None or len(set(self.rank_nodes)) < 2:
+            return ""  # on one node, the driver's own node: nothing to tell apart
+        lost = cluster.wait_for_lost(node_id, self.node_death_wait_s)
+        if lost is None:
+            return ""
+        ranks = [r for r, n in enumerate(self.rank_nodes) if n == node_id]
+        return (
+            f" Ray node {lost.name} was lost with ranks "
+            f"{', '.join(map(str, ranks))}. Fix: restart the node (or give the job a cluster "
+            "that holds it) and run again with resume=true to continue from the last checkpoint."
         )
 
     def _last_known(self, rank: int) -> dict[str, Any]:

@@ -5,7 +5,9 @@ policy through the real ``ModelStore``, builds the same global batch, takes its 
 slice and runs the REAL ``actor.train`` node (and the advantage / token-reward nodes) with
 a ``NodeContext`` whose dp group is the gloo WORLD. Loss metrics (summed over ranks), the
 last synced gradient and the updated weights must match the single-rank run for every loss
-variant and for micro-batches of 1 and 4 rows.
+variant, for micro-batches of 1 and 4 rows, and with 2 mini-batches per epoch (cut over the
+global batch by SAMPLE_ID; a control shows that the pieces a per-rank cut makes give other
+weights).
 """
 
 from __future__ import annotations
@@ -47,7 +49,11 @@ VARIANTS = {
     },
     "seq-mean-token-sum-norm": {"loss_agg_mode": "seq-mean-token-sum-norm"},
     "gspo": {"ratio_level": "sequence", "loss_agg_mode": "seq-mean-token-mean"},
+    # Global mini-batches (embodied_rl/data/mini_batches.py): pieces {0..3} and {4..7} by
+    # SAMPLE_ID at every dp size; a per-rank cut would make {0, 1, 4, 5} at dp 2.
+    "two-mini-batches": {"num_mini_batches": 2},
 }
+PER_RANK_CUT_IDS = [0, 1, 4, 5, 2, 3, 6, 7]  # SAMPLE_IDs making a per-rank cut's pieces at dp 2
 ADVANTAGE_NODES = {
     "rloo": ("advantage.rloo", {}, K.ADVANTAGES),
     "grpo": ("advantage.grpo", {}, K.ADVANTAGES),
@@ -89,6 +95,7 @@ def _global_batch(policy):
             K.RESPONSE_IDS: response_ids,
             K.RESPONSE_MASK: mask,
             K.GROUP_ID: torch.tensor(GROUPS),
+            K.SAMPLE_ID: torch.arange(GLOBAL_BATCH),
             K.REWARDS: torch.rand(GLOBAL_BATCH, generator=gen),
         }
     )
@@ -179,6 +186,13 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 "params": _snapshot(policy),
                 "metrics": ctx.metrics.pop(),
             }
+    if world_size == 1:  # control: train on the pieces a per-rank cut at dp 2 would make
+        store.load_state_dict(initial)
+        config = {**BASE, **VARIANTS["two-mini-batches"], "micro_batch_size": 4}
+        per_rank_cut = shard.clone()
+        per_rank_cut[K.SAMPLE_ID] = torch.tensor(PER_RANK_CUT_IDS)
+        NODE_TYPES.get("actor.train").fn(_context("actor.train", config, store, 0, 1), per_rank_cut)
+        results["per_rank_cut"] = _snapshot(policy)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -228,7 +242,8 @@ GRAD_REL, WEIGHT_ABS = 2e-4, 2e-4
 def test_actor_train_is_invariant_to_dp_size_and_micro_batches(runs, variant):
     reference = runs[1][0][(variant, 4)]
     expected_metrics = _reduced_metrics([reference["metrics"]])
-    assert expected_metrics["actor/updates"] == BASE["ppo_epochs"]
+    updates = BASE["ppo_epochs"] * VARIANTS[variant].get("num_mini_batches", 1)
+    assert expected_metrics["actor/updates"] == updates
     for world_size, ranks in runs.items():
         for micro in MICRO_BATCH_SIZES:
             what = f"{variant}, dp {world_size}, micro-batch {micro}"
@@ -241,6 +256,15 @@ def test_actor_train_is_invariant_to_dp_size_and_micro_batches(runs, variant):
                     ref_weight, ref_grad = reference["params"][name]
                     _assert_close(grad, ref_grad, GRAD_REL, 1e-9, f"{what}, {rank=}, grad {name}")
                     _assert_close(weight, ref_weight, 0.0, WEIGHT_ABS, f"{what}, {rank=}, {name}")
+
+
+def test_mini_batches_cut_per_rank_would_train_to_other_weights(runs):
+    """The dp-2 pieces of a per-rank cut on one rank: the weights differ by far more than the
+    tolerance above, so a per-rank cut at dp 2 or 4 would fail the invariance test."""
+    control = runs[1][0]["per_rank_cut"]
+    reference = runs[1][0][("two-mini-batches", 4)]["params"]
+    largest = max((control[n][0] - w).abs().max().item() for n, (w, _) in reference.items())
+    assert largest > 20 * WEIGHT_ABS
 
 
 def test_variants_exercise_their_options(runs):

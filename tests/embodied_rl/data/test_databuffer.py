@@ -27,7 +27,12 @@ from embodied_rl.data.balance import assign_units, bin_loads
 from embodied_rl.data.batch import make_batch, non_tensor_keys, strings, tensor_keys
 from embodied_rl.data.databuffer import TransferStats, redistribute, token_weights
 from embodied_rl.data.layout import Layout
-from embodied_rl.data.transport import AllToAllTransport, transport_for
+from embodied_rl.data.transport import (
+    AllToAllTransport,
+    Transport,
+    build_transport,
+    transport_for,
+)
 from embodied_rl.shm import shm_dir
 
 pytestmark = pytest.mark.ray
@@ -51,6 +56,7 @@ class Case:
     bad_shape_dp: int = -1  # this source shard pads RESPONSE_IDS to a longer length
     poison_tp: bool = False  # non-leader source tp members hold different (wrong) data
     collective: bool = False  # force the all_to_all transport (default: shared memory here)
+    nodes: tuple[str, ...] = ()  # the node each global rank claims to run on (default: real)
 
 
 def prompt_len(sid: int, case: Case) -> int:
@@ -143,6 +149,7 @@ class RankActor:
         torch.set_num_threads(1)
         self.rank = rank
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self.transports: dict[tuple, Transport] = {}
 
     def pid(self) -> int:
         return os.getpid()
@@ -170,7 +177,14 @@ class RankActor:
         if case.poison_tp and self.rank in case.src and case.src.tp_rank(self.rank) > 0:
             batch = make_samples([900 + self.rank], case)  # would show up if non-leaders sent
         stats = TransferStats()
-        transport = AllToAllTransport(group) if case.collective and group is not None else None
+        transport = None
+        if case.collective and group is not None:
+            transport = AllToAllTransport(group)
+        elif case.nodes and group is not None:
+            key = (union, case.nodes)  # one transport per group and node map, as in a run
+            if key not in self.transports:
+                self.transports[key] = build_transport(group, node=case.nodes[self.rank])
+            transport = self.transports[key]
         try:
             out = redistribute(
                 batch,
@@ -279,8 +293,13 @@ def check_case(actors, case: Case) -> tuple[list[dict], list[dict | None]]:
     assert sorted(received) == sorted(dest)  # every sample once, none lost or duplicated
     stats = [r["stats"] for r in results if r is not None]
     assert sum(s["bytes_sent"] for s in stats) == sum(s["bytes_received"] for s in stats)
-    # 2 for metadata; the payload is 1 all_to_all, or 2 barriers around shared-memory copies.
-    payload = 1 if case.collective else 2
+    assert all(s["bytes_shm"] + s["bytes_network"] == s["bytes_sent"] for s in stats)
+    # 2 for metadata; the payload is 1 all_to_all, or 2 barriers around shared-memory copies
+    # (and 1 all_to_all between them when the ranks span nodes).
+    spans_nodes = len(set(case.nodes)) > 1
+    payload = 1 if case.collective else 3 if spans_nodes else 2
+    if spans_nodes and len(set(case.nodes)) == len(case.nodes):
+        payload = 1  # no two ranks share a node: the plain collective transport
     assert all(s["num_collectives"] == 2 + payload for s in stats)
     return shards, results
 
@@ -312,6 +331,35 @@ def test_shared_memory_and_collective_transports_deliver_the_same_shards(actors)
     files = [p for p in shm_dir().glob("erl-db-*") if int(p.name.split("-")[2]) in pids]
     pairs = {(p.name.split("-")[2], p.name.split("-")[-1]) for p in files}
     assert 0 < len(files) == len(pairs) <= WORLD * (WORLD - 1)
+
+
+def test_ranks_on_two_nodes_use_shared_memory_within_and_the_collective_between(actors) -> None:
+    """Ranks 0, 1 on node a send to ranks 0-3, of which 2, 3 are on node b: what 2 and 3
+    receive is exactly what crossed nodes, what 1 receives went through shared memory."""
+    case = Case(L2, L4, counts=(5, 6), nodes=("a", "a", "b", "b"))
+    shards, results = check_case(actors, case)
+    one_node_shards, _ = check_case(actors, replace(case, nodes=()))
+    assert shards == one_node_shards
+    assert {r["transport"] for r in results} == {"SharedMemoryTransport"}
+    received = [r["stats"]["bytes_received"] for r in results]
+    assert sum(r["stats"]["bytes_network"] for r in results) == received[2] + received[3] > 0
+    assert sum(r["stats"]["bytes_shm"] for r in results) == received[0] + received[1] > 0
+
+
+def test_interleaved_nodes_deliver_the_same_shards(actors) -> None:
+    case = Case(L4, L3, counts=(3, 4, 2, 5), group_size=2, var_len=True, nodes=("a", "b") * 2)
+    shards, results = check_case(actors, case)
+    assert shards == check_case(actors, replace(case, nodes=()))[0]
+    assert sum(r["stats"]["bytes_shm"] for r in results) > 0
+    assert sum(r["stats"]["bytes_network"] for r in results) > 0
+
+
+def test_ranks_each_on_its_own_node_use_the_collective_transport(actors) -> None:
+    case = Case(L2, L4, counts=(5, 6), nodes=("a", "b", "c", "d"))
+    shards, results = check_case(actors, case)
+    assert {r["transport"] for r in results} == {"AllToAllTransport"}
+    assert all(r["stats"]["bytes_shm"] == 0 for r in results)
+    assert sum(r["stats"]["bytes_network"] for r in results) > 0
 
 
 def test_four_to_two(actors) -> None:
