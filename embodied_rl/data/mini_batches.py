@@ -5,7 +5,10 @@ does) makes the update depend on the data-parallel size: with 1 worker mini-batc
 first half of the batch, with 2 workers it is the first half of each shard, so the same data
 gives different parameters. Here the cut is made over the global batch instead:
 
-1. Every dp rank shares its rows' ``SAMPLE_ID`` (unique within a step) and token counts.
+1. Every dp rank shares its rows' ``SAMPLE_ID`` (unique within a step), token counts and the
+   trailing shape of each tensor key. Keys padded per rank to that rank's longest episode or
+   response (embodied trajectories, ``RESPONSE_MASK`` widths) are zero-padded to the widest
+   rank's shape, so rows of different ranks can share a mini-batch; padding is masked out.
 2. All rows, ordered by ``SAMPLE_ID``, are cut into ``num_mini_batches`` consecutive pieces
    (``np.array_split`` sizes: the first ``N % M`` pieces one row longer).
 3. The rows of each piece are balanced over the dp ranks by token count
@@ -26,7 +29,7 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.balance import assign_units
-from embodied_rl.data.batch import batch_len
+from embodied_rl.data.batch import batch_len, tensor_keys
 from embodied_rl.data.databuffer import redistribute, token_weights
 from embodied_rl.data.layout import Layout
 
@@ -90,7 +93,7 @@ def global_mini_batches(
     if num_mini_batches == 1:
         return [batch]
     ids = batch[K.SAMPLE_ID].detach().cpu().reshape(-1).to(torch.int64).numpy()
-    mine = (ids, token_weights(batch))
+    mine = (ids, token_weights(batch), trailing_shapes(batch))
     if dp_group is None or len(dp_ranks) == 1:
         every = [mine]
     else:
@@ -101,7 +104,8 @@ def global_mini_batches(
     ids_per_rank, weights_per_rank = [e[0] for e in every], [e[1] for e in every]
     plan = plan_mini_batches(ids_per_rank, weights_per_rank, num_mini_batches, len(every))
     mini, dest = plan[dp_ranks.index(rank)]
-    tagged = batch.clone(recurse=False)
+    widest = widest_shapes([e[2] for e, n in zip(every, ids_per_rank) if len(n)])
+    tagged = pad_to_shapes(batch, widest)
     tagged[MINI_BATCH] = torch.from_numpy(mini)
     if len(every) > 1:
         layout = Layout(tuple(dp_ranks))
@@ -110,6 +114,42 @@ def global_mini_batches(
             destinations=torch.from_numpy(dest),
         )  # fmt: skip
     return _split_by_mini_batch(tagged, num_mini_batches)
+
+
+def trailing_shapes(batch: TensorDict) -> dict[str, tuple[int, ...]]:
+    """Tensor key -> its shape after the batch dimension."""
+    return {key: tuple(batch.get(key).shape[1:]) for key in tensor_keys(batch)}
+
+
+def widest_shapes(shapes: list[dict[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """Per key, the elementwise largest trailing shape over the ranks that have the key.
+
+    A key whose number of dimensions differs between ranks is left out: it cannot be padded,
+    and the redistribution names it in its error.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for rank_shapes in shapes:
+        for key, shape in rank_shapes.items():
+            if key not in out:
+                out[key] = shape
+            elif len(out[key]) == len(shape):
+                out[key] = tuple(max(a, b) for a, b in zip(out[key], shape))
+    return out
+
+
+def pad_to_shapes(batch: TensorDict, shapes: dict[str, tuple[int, ...]]) -> TensorDict:
+    """A shallow copy of ``batch`` whose tensors are zero-padded at the end of each trailing
+    dimension to ``shapes[key]`` (keys already that wide are shared, not copied)."""
+    out = batch.clone(recurse=False)
+    for key in tensor_keys(batch):
+        value = batch.get(key)
+        target = shapes.get(key, tuple(value.shape[1:]))
+        if target == tuple(value.shape[1:]) or len(target) != value.dim() - 1:
+            continue
+        padded = value.new_zeros((value.shape[0], *target))
+        padded[(slice(None), *(slice(0, n) for n in value.shape[1:]))] = value
+        out[key] = padded
+    return out
 
 
 def _split_by_mini_batch(tagged: TensorDict, num_mini_batches: int) -> list[TensorDict]:

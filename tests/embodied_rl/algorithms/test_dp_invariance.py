@@ -112,6 +112,20 @@ def _global_batch(policy):
     return batch
 
 
+RESPONSE_KEYS = (K.RESPONSE_IDS, K.RESPONSE_MASK, K.OLD_LOGPROBS, K.REF_LOGPROBS, K.ADVANTAGES)
+
+
+def _own_width(shard):
+    """Response keys cut to the shard's longest response, as each rank pads its own rollouts
+    (at dp 4 the shards are 4, 3, 4 and 3 tokens wide): the losses and the global
+    mini-batches must not depend on the padding."""
+    width = int(shard[K.RESPONSE_MASK].sum(dim=1).max())
+    out = shard.clone()
+    for key in RESPONSE_KEYS:
+        out[key] = shard[key][:, :width]
+    return out
+
+
 def _context(node_type: str, options: dict, store, rank: int, world_size: int):
     from embodied_rl.data.layout import Layout
     from embodied_rl.registry import NODE_TYPES
@@ -168,6 +182,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     batch = _global_batch(policy)
     rows = GLOBAL_BATCH // world_size
     shard = batch[rank * rows : (rank + 1) * rows]
+    train_shard = _own_width(shard)
     results: dict = {"advantages": {}}
     for name, (node_type, options, key) in ADVANTAGE_NODES.items():
         piece = shard.clone()
@@ -181,7 +196,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             store.load_state_dict(initial)
             config = {**BASE, **options, "micro_batch_size": micro}
             ctx = _context("actor.train", config, store, rank, world_size)
-            NODE_TYPES.get("actor.train").fn(ctx, shard.clone())
+            NODE_TYPES.get("actor.train").fn(ctx, train_shard.clone())
             results[(variant, micro)] = {
                 "params": _snapshot(policy),
                 "metrics": ctx.metrics.pop(),
@@ -189,7 +204,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     if world_size == 1:  # control: train on the pieces a per-rank cut at dp 2 would make
         store.load_state_dict(initial)
         config = {**BASE, **VARIANTS["two-mini-batches"], "micro_batch_size": 4}
-        per_rank_cut = shard.clone()
+        per_rank_cut = train_shard.clone()
         per_rank_cut[K.SAMPLE_ID] = torch.tensor(PER_RANK_CUT_IDS)
         NODE_TYPES.get("actor.train").fn(_context("actor.train", config, store, 0, 1), per_rank_cut)
         results["per_rank_cut"] = _snapshot(policy)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from embodied_rl.data.mini_batches import plan_mini_batches
 
@@ -33,3 +34,24 @@ def test_plan_balances_tokens_and_sizes_pieces_like_array_split():
 def test_repeated_sample_ids_are_refused():
     with pytest.raises(ValueError, match="SAMPLE_ID repeats"):
         plan_mini_batches([np.array([0, 1]), np.array([1, 2])], [np.ones(2)] * 2, 2, 2)
+
+
+def test_keys_padded_per_rank_are_zero_padded_to_the_widest_rank():
+    from embodied_rl.data.batch import make_batch
+    from embodied_rl.data.mini_batches import pad_to_shapes, widest_shapes
+
+    widest = widest_shapes(
+        [{"mask": (3,), "image": (2, 4, 4)}, {"mask": (5,), "image": (1, 4, 4)}, {"ids": (2,)}]
+    )
+    assert widest == {"mask": (5,), "image": (2, 4, 4), "ids": (2,)}
+    batch = make_batch(
+        {
+            "mask": torch.ones(2, 3, dtype=torch.bool),
+            "image": torch.full((2, 1, 4, 4), 7, dtype=torch.uint8),
+        }
+    )
+    padded = pad_to_shapes(batch, widest)
+    assert padded["mask"].tolist() == [[True] * 3 + [False] * 2] * 2
+    assert padded["image"].shape == (2, 2, 4, 4) and padded["image"].dtype == torch.uint8
+    assert (padded["image"][:, 0] == 7).all() and (padded["image"][:, 1] == 0).all()
+    assert batch["mask"].shape == (2, 3)  # the input is left as it was
