@@ -375,22 +375,24 @@ def ours_transfer(workers: list, collective: bool) -> None:
     ray.get([w.ours.remote(collective) for w in workers], timeout=TIMEOUT_S)
 
 
-def central_transfer(workers: list, copy_parts: bool) -> None:
+def central_transfer(workers: list, copy_parts: bool, src: Layout = SRC, dst: Layout = DST) -> None:
     """Single controller: gather every shard on the driver, concatenate, split, scatter.
 
     Args:
-        workers: The 4 actors, by rank.
+        workers: The actors, by rank (``shard()`` and ``receive(part)`` methods).
         copy_parts: Copy each part before sending it. Needed with Ray's default tensor
             pickling, which writes a tensor's whole storage: a slice of the concatenated batch
             would carry the full batch to every consumer (verl consolidates each chunk before
             pickling it: the same one copy). The zero-copy serializer ships only a slice's bytes.
+        src / dst: The producer and consumer layouts (default: this benchmark's 4 workers;
+            ``scaling.py`` passes its own).
     """
-    shards = ray.get([workers[r].shard.remote() for r in SRC.shard_leaders()], timeout=TIMEOUT_S)
+    shards = ray.get([workers[r].shard.remote() for r in src.shard_leaders()], timeout=TIMEOUT_S)
     full = concat(shards)
-    per = int(full.batch_size[0]) // DST.dp_size
+    per = int(full.batch_size[0]) // dst.dp_size
     parts = [ray.put(part.clone() if copy_parts else part) for part in full.split(per)]
     ray.get(
-        [workers[r].receive.remote(parts[DST.dp_rank(r)]) for r in DST.ranks], timeout=TIMEOUT_S
+        [workers[r].receive.remote(parts[dst.dp_rank(r)]) for r in dst.ranks], timeout=TIMEOUT_S
     )
 
 

@@ -10,7 +10,7 @@ training worker, at 1x and 4x that size.
   which all are here); ``ours-a2a``: the same with the gloo ``all_to_all`` transport used
   between nodes.
 - ``central``: a single controller gathers every shard on the driver, splits and scatters
-  (``databuffer.py``'s ``central`` method, generalised to N workers).
+  (``databuffer.py``'s ``central`` method on N workers).
 
 Per point: median seconds of ``--repeats`` transfers after a warm-up; payload bytes each worker
 sent plus received (``TransferStats``; central: its shard up plus its part down); the
@@ -59,10 +59,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import common  # noqa: E402
-from databuffer import Variant, free_port, make_samples, release_free_memory  # noqa: E402
+from databuffer import (  # noqa: E402
+    Variant,
+    central_transfer,
+    free_port,
+    make_samples,
+    release_free_memory,
+)
 
 from embodied_rl import keys as K  # noqa: E402
-from embodied_rl.data.batch import concat, tensor_keys  # noqa: E402
+from embodied_rl.data.batch import tensor_keys  # noqa: E402
 from embodied_rl.data.databuffer import redistribute  # noqa: E402
 from embodied_rl.data.layout import Layout  # noqa: E402
 from embodied_rl.data.transport import AllToAllTransport, TransferStats  # noqa: E402
@@ -143,16 +149,6 @@ class ScaleWorker:
         return ids
 
 
-def central_transfer(workers: list, n: int) -> None:
-    """Driver gathers the shard leaders' shards, concatenates, splits in n, scatters."""
-    src, dst = layouts(n)
-    shards = ray.get([workers[r].shard.remote() for r in src.shard_leaders()], timeout=TIMEOUT_S)
-    full = concat(shards)
-    per = int(full.batch_size[0]) // dst.dp_size
-    parts = [ray.put(part.clone()) for part in full.split(per)]
-    ray.get([workers[r].receive.remote(parts[r]) for r in dst.ranks], timeout=TIMEOUT_S)
-
-
 def timed(method: str, workers: list, n: int) -> tuple[float, float, float, list[dict]]:
     """One transfer: (wall seconds, busiest process's CPU seconds, driver RSS peak increase
     MiB, per-worker stats of ours). CPU seconds: the most any one worker spent (ours) or the
@@ -162,7 +158,7 @@ def timed(method: str, workers: list, n: int) -> tuple[float, float, float, list
     with common.PeakRss() as driver:
         started, cpu = time.perf_counter(), time.process_time()
         if method == "central":
-            central_transfer(workers, n)
+            central_transfer(workers, True, *layouts(n))
             stats: list[dict] = []
         else:
             refs = [w.ours.remote(method == "ours_a2a") for w in workers]
