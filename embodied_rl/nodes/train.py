@@ -257,6 +257,7 @@ def mini_batch_update(
     with discarded_metrics(ctx):
         for _ in range(passes - len(micro_batches)):
             (micro_loss(filler if filler is not None else filler_rows(mini)) * 0.0).backward()
+    ctx.models.set_scheduled_lr(model_name)
     return guarded_step(ctx, model, optimizer, ctx.models.grad_clip(model_name), loss_finite)
 
 

@@ -45,18 +45,37 @@ MIXED_PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class OptimizerConfig:
-    """AdamW options of a trainable model (``models.<name>.optimizer``)."""
+    """AdamW options of a trainable model (``models.<name>.optimizer``).
+
+    ``warmup_steps``: the learning rate rises linearly over the first N optimizer updates
+    (update k, counted from 1, uses ``lr * min(1, k / N)``); 0 = the full rate from the first.
+    Adam's first update moves every weight by about ``lr`` whatever its gradient (its moment
+    estimates are one sample), which can knock an RL run started from an SFT checkpoint off
+    its start; a warmup lets the moments settle first. The count is Adam's own step count, so
+    it carries across ``resume=true`` with the optimizer state.
+    """
 
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     eps: float = 1e-8
     grad_clip: float | None = 1.0
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
         if self.lr <= 0:
             raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(
+                f"optimizer.warmup_steps must be >= 0 (0 = no warmup), got {self.warmup_steps}"
+            )
+
+    def lr_at(self, updates_done: int) -> float:
+        """The learning rate of the next update after ``updates_done`` updates."""
+        if self.warmup_steps == 0:
+            return self.lr
+        return self.lr * min(1.0, (updates_done + 1) / self.warmup_steps)
 
 
 @dataclass
@@ -285,6 +304,13 @@ class ModelStore:
     def grad_clip(self, name: str) -> float | None:
         return self.specs[name].optimizer.grad_clip
 
+    def set_scheduled_lr(self, name: str) -> None:
+        """Set the learning rate of ``name``'s next update (``optimizer.warmup_steps``)."""
+        optimizer = self.optimizer(name)
+        lr = self.specs[name].optimizer.lr_at(adam_updates_done(optimizer))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
     def built(self) -> list[str]:
         return sorted(self._models)
 
@@ -340,3 +366,13 @@ class ModelStore:
                 load_full_optimizer_state(self.optimizer(name), value)
             else:
                 self.optimizer(name).load_state_dict(value)
+
+
+def adam_updates_done(optimizer: torch.optim.Optimizer) -> int:
+    """How many updates an Adam(W) optimizer has made (its per-parameter ``step`` state)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if step is not None:
+                return int(step)
+    return 0

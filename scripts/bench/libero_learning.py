@@ -65,6 +65,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=10, help="RL steps between evals")
     parser.add_argument("--temperature", type=float, default=0.3)
     parser.add_argument("--rl-lr", type=float, default=1e-4)
+    parser.add_argument(
+        "--rl-warmup", type=int, default=0, help="RL lr warmup (optimizer updates; 0 = off)"
+    )
+    parser.add_argument(
+        "--rl-groups", type=int, default=4, help="(task, init state) groups per RL step"
+    )
+    parser.add_argument(
+        "--loss-agg",
+        default="token-mean",
+        choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+        help="RL loss aggregation (token-mean weighs an episode by its length)",
+    )
     parser.add_argument("--methods", nargs="+", default=list(RL_CONFIGS), choices=RL_CONFIGS)
     parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
     parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
@@ -119,11 +131,13 @@ def rl_command(args: argparse.Namespace, method: str, sft: Path, run_dir: Path) 
         "train", "--config-name", RL_CONFIGS[method], "--no-progress",
         *shared_overrides(args),
         f"models.actor.init_from={sft}",
-        "data.batch_size=4",  # (task, init state) groups per step
+        f"data.batch_size={args.rl_groups}",  # (task, init state) groups per step
         "rollout.group_size=8",
         "rollout.num_envs=4",
         f"rollout.temperature={args.temperature}",
         f"models.actor.optimizer.lr={args.rl_lr}",
+        f"models.actor.optimizer.warmup_steps={args.rl_warmup}",
+        f"algorithm.actor.loss_agg_mode={args.loss_agg}",
         "algorithm.actor.ppo_epochs=2",
         "algorithm.actor.num_mini_batches=2",
         "algorithm.actor.micro_batch_size=64",
@@ -276,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         command = rl_command(args, method, sft_dir, args.runs / method)
         run_dir, seconds = train_and_evaluate(args, method, RL_CONFIGS[method], command)
         row = summary(run_dir, f"SFT + {method.upper()}", seconds, command)
-        row["rl_episodes"] = row["steps"] * 4 * 8  # data.batch_size groups x group_size
+        row["rl_episodes"] = row["steps"] * args.rl_groups * 8  # groups x group_size
         row["gain_points"] = 100 * (row["heldout_success"] - rows[0]["heldout_success"])
         rows.append(row)
         curves[method] = curve(run_dir, sft_minutes)

@@ -35,7 +35,7 @@ from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.launcher import RunFailed, launch
-from embodied_rl.runtime.models import ModelStore
+from embodied_rl.runtime.models import ModelStore, OptimizerConfig
 
 CPU = torch.device("cpu")
 MLP = {"state_dim": 3, "action_dim": 2, "hidden": [8], "seed": 0}
@@ -315,3 +315,33 @@ def test_max_bad_steps_in_a_row_stop_the_run_keeping_the_last_good_checkpoint(tm
     weights = [shard(ckpt, rank)["models"] for rank in (0, 1)]
     assert all_finite(weights[0]) and all_finite(weights[1])
     assert_same_state(weights[1]["model/actor"], weights[0]["model/actor"])
+
+
+def test_lr_warmup_scales_the_first_updates_and_ignores_skipped_ones():
+    """optimizer.warmup_steps=4: updates 1, 2, 3 use lr/4, 2lr/4, 3lr/4, then lr. Adam's
+    first update moves every weight with a gradient by lr_1 * sign(g) (one-sample moments),
+    so the largest weight change of update 1 is exactly lr/4; a skipped update does not
+    advance the warmup (it counts Adam's own steps)."""
+    lr = 1e-2
+    spec = {"policy": "mlp", "options": MLP, "optimizer": {"lr": lr, "warmup_steps": 4}}
+    store = ModelStore({"actor": spec}, CPU)
+    batch = trajectory_batch(store["actor"])
+    ctx = make_ctx("actor.train", {"inputs": "trajectory", "micro_batch_size": 3}, store)
+    before, _ = snapshot(store, "actor")
+
+    run_step("actor.train", ctx, batch, step=0)
+
+    after = store["actor"].state_dict()
+    moved = max((after[k] - v).abs().max() for k, v in before.items() if v.is_floating_point())
+    assert float(moved) == pytest.approx(lr / 4, rel=1e-4)
+    lrs = [store.optimizer("actor").param_groups[0]["lr"]]
+    run_step("actor.train", ctx, poison(batch.clone(), K.ADVANTAGES, math.nan), step=1)
+    for step in range(2, 6):
+        run_step("actor.train", ctx, batch, step=step)
+        lrs.append(store.optimizer("actor").param_groups[0]["lr"])
+    assert lrs == pytest.approx([lr / 4, 2 * lr / 4, 3 * lr / 4, lr, lr])
+
+
+def test_optimizer_config_refuses_a_negative_warmup():
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0"):
+        OptimizerConfig(warmup_steps=-1)
