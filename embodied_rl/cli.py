@@ -118,7 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
             return 0
-        from embodied_rl.runtime.launcher import RunFailed, launch, preview_placement
+        from embodied_rl.runtime.launcher import (
+            RunFailed,
+            RunInterrupted,
+            launch,
+            preview_placement,
+        )
 
         if args.command == "plan":
             from embodied_rl.dag.planner import format_plan, plan_dag
@@ -140,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = launch(cfg, show_progress=not args.no_progress, mode=mode)
         except RunFailed as err:
             print(f"error: {err}", file=sys.stderr)
-            return 1
+            return 130 if isinstance(err, RunInterrupted) else 1  # 130: the shell's SIGINT code
         print(f"run finished: {result.run_dir}")
         shown = {
             k: round(v, 4)

@@ -34,6 +34,7 @@ from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, make_batch, repeat_interleave
 from embodied_rl.registry import SIMULATORS
+from embodied_rl.runtime.context import simulating
 from embodied_rl.runtime.fsdp import gathered_for_inference
 
 ENV_STATE = "vector_env"
@@ -128,7 +129,7 @@ def env_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     with torch.random.fork_rng(devices=[]), gathered_for_inference(policy):
         torch.manual_seed(ctx.seed("act"))  # reproducible sampling, also after resume
         waves = [
-            _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg, phases)
+            _run_wave(env, policy, rows[i : i + cfg.num_envs], cfg, phases, ctx.shared)
             for i in range(0, n, cfg.num_envs)
         ]
     out = _assemble(rows, waves, cfg)
@@ -149,19 +150,26 @@ def _timed(phases: dict[str, float], phase: str) -> Iterator[None]:
 
 
 def _run_wave(
-    env: Any, policy: Any, rows: TensorDict, cfg: EnvRolloutConfig, phases: dict[str, float]
+    env: Any,
+    policy: Any,
+    rows: TensorDict,
+    cfg: EnvRolloutConfig,
+    phases: dict[str, float],
+    shared: dict[str, Any],
 ) -> dict[str, Any]:
     """Roll out up to ``num_envs`` episodes together; pads the wave to all envs.
 
     Adds the seconds spent in ``env.reset``, in ``env.step_chunk``/``env.render`` and in
-    ``policy.act`` to ``phases["reset"]``, ``["step"]`` and ``["policy"]``.
+    ``policy.act`` to ``phases["reset"]``, ``["step"]`` and ``["policy"]``. The reset and
+    every env step run inside the worker's ``simulating`` (``shared``): a stopping run closes
+    the simulators only between two steps, and the wave then stops (``RunStopped``).
     """
     tasks, inits = rows[K.TASK_ID], rows[K.INIT_STATE_ID]
     count = len(tasks)
     pad = env.num_envs - count
     task_ids = tasks.tolist() + [tasks[0].item()] * pad  # padding envs: results ignored
     init_ids = inits.tolist() + [inits[0].item()] * pad
-    with _timed(phases, "reset"):
+    with simulating(shared, "a rollout's reset"), _timed(phases, "reset"):
         obs = env.reset(task_ids, init_ids)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
@@ -172,7 +180,7 @@ def _run_wave(
     success = np.zeros(env.num_envs, dtype=bool)
     for t in range(horizon):
         if render and t % cfg.frame_stride == 0:
-            with _timed(phases, "step"):
+            with simulating(shared, "a rollout"), _timed(phases, "step"):
                 frames = env.render()
             record["frames"].append(frames[:count].copy())
         record["alive"].append(~done[:count])
@@ -189,7 +197,7 @@ def _run_wave(
         record["tokens"].append(None if act.tokens is None else act.tokens[:count])
         record["raw"].append(None if act.raw_actions is None else act.raw_actions[:count])
         record["logprobs"].append(act.logprobs[:count])
-        with _timed(phases, "step"):
+        with simulating(shared, "a rollout"), _timed(phases, "step"):
             result = env.step_chunk(act.actions)  # (num_envs, C, A): C env steps
             obs, done, success = result.obs, done | result.done, success | result.success
         if done[:count].all():

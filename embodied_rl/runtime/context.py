@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,68 @@ import torch
 import torch.distributed as dist
 
 from embodied_rl.data.layout import Layout
+
+# Key of ``NodeContext.shared`` holding the worker's :class:`StopFlag`.
+STOP_REQUESTED = "stop_requested"
+
+
+class RunStopped(RuntimeError):
+    """The run is stopping: the walk ends at the next node or env step and writes nothing
+    more (no metrics, report or checkpoint from a step cut short)."""
+
+
+class StopFlag:
+    """Set when the driver stops the run (Ctrl-C, another rank failed) while a walk runs.
+
+    The driver's ``close()`` runs in another thread of the worker than the walk. Rollouts
+    step their simulators inside :meth:`simulating`, so :meth:`request` (set the flag, then
+    take the lock) returns only between two env steps, and the simulators can be closed
+    without an episode running on them; the rollout then stops at its next step. A rank
+    blocked in a collective (waiting for a peer that already stopped) holds no lock and
+    delays nothing.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_set(self, where: str) -> None:
+        if self._event.is_set():
+            raise RunStopped(f"stopped by the driver during {where}")
+
+    @contextmanager
+    def simulating(self, where: str) -> Iterator[None]:
+        """Hold the simulators for one env step (or reset); raises once stopping."""
+        with self._lock:
+            self.raise_if_set(where)
+            yield
+
+    @contextmanager
+    def request(self, timeout_s: float) -> Iterator[bool]:
+        """Set the flag and hold the simulators (``False``: a step did not end in time)."""
+        self._event.set()
+        acquired = self._lock.acquire(timeout=timeout_s)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
+
+
+def raise_if_stopping(shared: dict[str, Any], where: str) -> None:
+    """Raise :class:`RunStopped` if the worker owning ``shared`` was asked to stop."""
+    flag = shared.get(STOP_REQUESTED)
+    if flag is not None:
+        flag.raise_if_set(where)
+
+
+def simulating(shared: dict[str, Any], where: str) -> AbstractContextManager[None]:
+    """The worker's :meth:`StopFlag.simulating` (a no-op outside a worker, e.g. in tests)."""
+    flag = shared.get(STOP_REQUESTED)
+    return nullcontext() if flag is None else flag.simulating(where)
 
 
 class MetricSink:

@@ -18,7 +18,7 @@ from embodied_rl.dag.spec import DagSpec
 from embodied_rl.data.batch import merge
 from embodied_rl.data.databuffer import redistribute
 from embodied_rl.data.transport import TransferStats
-from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.runtime.context import MetricSink, NodeContext, RunStopped, raise_if_stopping
 
 Outputs = dict[str, TensorDict]
 Received = dict[tuple[str, str], TensorDict]
@@ -141,9 +141,12 @@ class PlanExecutor:
         ctx.step = step
         if node.type.resamples:
             ctx.resample = lambda: self.resample(node_id, step)
+        raise_if_stopping(ctx.shared, f"step {step} before node {node_id!r}")
         started = time.perf_counter()
         try:
             out = node.type.fn(ctx, batch)
+        except RunStopped:
+            raise  # not a failure of the node: the driver is stopping the run
         except Exception as err:
             raise NodeFailure(
                 f"rank {self.rank} failed in node {node_id!r} ({node.type.name}) at step {step}: "

@@ -33,6 +33,24 @@ class RunFailed(RuntimeError):
     rank, node and step, or what the cluster lacks, and the fix."""
 
 
+class RunInterrupted(RunFailed):
+    """The user stopped the run (Ctrl-C / SIGINT); the message says what was kept."""
+
+
+def _interrupted_message(run_dir: Path, mode: str) -> str:
+    if mode == "eval":
+        return "interrupted: the evaluation stopped before it finished; nothing was written"
+    from embodied_rl.checkpoint import latest_checkpoint
+
+    newest = latest_checkpoint(run_dir / "checkpoints", checksums=False)
+    kept = f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved yet"
+    return (
+        "interrupted: the workers stopped and the step in progress was discarded (no metrics, "
+        f"report or checkpoint from it); {kept}. Continue with the same command plus "
+        f"resume=true run_dir={run_dir}"
+    )
+
+
 class _WorkerError(Exception):
     """Internal: worker ``rank`` raised or died with ``error``."""
 
@@ -228,7 +246,10 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
                     runtime_env={"env_vars": worker_process_env()},
                 ).remote(plain_cfg, rank, n, str(run_dir), mode)
             )
-        return _drive(cfg, actors, run_dir, show_progress and mode == "train", rank_nodes)
+        try:
+            return _drive(cfg, actors, run_dir, show_progress and mode == "train", rank_nodes)
+        except KeyboardInterrupt:  # raised after the finally below stopped the workers
+            raise RunInterrupted(_interrupted_message(run_dir, mode)) from None
     finally:
         _close_workers(actors)
         for actor in actors:

@@ -28,7 +28,7 @@ from embodied_rl.dag.spec import DagSpec
 from embodied_rl.devices import device_spec
 from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
-from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.runtime.context import STOP_REQUESTED, MetricSink, NodeContext, StopFlag
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
 from embodied_rl.runtime.memory import memory_mb
 from embodied_rl.runtime.models import ModelStore, model_uses
@@ -74,6 +74,8 @@ class DAGWorker:
         # What nodes of different DAGs share on this worker (a simulator both the training and
         # the evaluation rollout use), closed with the executors.
         self.shared: dict[str, Any] = {}
+        self._stop = StopFlag()  # close() (driver thread) stops a running walk with it
+        self.shared[STOP_REQUESTED] = self._stop
         self.sink = MetricSink()
         self.start_step = 0
         self._elapsed_before = 0.0  # training wall seconds of earlier attempts (resume)
@@ -329,7 +331,8 @@ class DAGWorker:
         The file outlives the process, so the driver can name the node a worker died in even
         when the death happened between two status polls.
         """
-        self._status.update(step=step, phase=phase, node=node)
+        dag = None if self._active is None else self._active.name  # train or eval
+        self._status.update(step=step, phase=phase, node=node, dag=dag)
         path = status_path(self.run_dir, self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -343,10 +346,24 @@ class DAGWorker:
             record["metrics"] = dict(self._metrics)
         return record
 
-    def close(self) -> None:
-        """Release what nodes hold outside this process (simulator processes, shared memory)."""
-        for executor in self.executors.values():
-            executor.close()
+    def close(self, step_timeout_s: float = 20.0) -> None:
+        """Release what nodes hold outside this process (simulator processes, shared memory).
+
+        Called by the driver while ``run`` may still be walking (the actor runs two calls at
+        once). The stop flag ends the walk at its next node or env step (``RunStopped``: the
+        cut-short step logs, reports and saves nothing), and the simulators are closed
+        between two env steps, never under one (a step that has not ended after
+        ``step_timeout_s`` is closed under anyway; the worker is killed next).
+        """
+        with self._stop.request(step_timeout_s) as between_steps:
+            if not between_steps:
+                logger.warning(
+                    "rank %d: an env step did not end within %.0f s; closing anyway",
+                    self.rank,
+                    step_timeout_s,
+                )
+            for executor in self.executors.values():
+                executor.close()
 
     def shutdown(self) -> None:
         if dist.is_initialized():
