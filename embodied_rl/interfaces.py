@@ -130,3 +130,41 @@ class LanguagePolicy(Protocol):
     def evaluate(self, batch: TensorDict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropy (B, R) of the stored responses."""
         ...
+
+
+@dataclass
+class TurnResult:
+    """What a text environment answers to one model turn.
+
+    Attributes:
+        observation: the environment's next message (appended to the conversation through
+            the chat template), or ``None`` when the episode is over.
+        reward: this turn's reward.
+        done: the episode is over (the model gets no further turn).
+    """
+
+    observation: str | None
+    reward: float
+    done: bool
+
+
+class TextEpisode(Protocol):
+    """One episode of a text environment: the model's turns in, observations out."""
+
+    def step(self, response: str) -> TurnResult:
+        """The environment's answer to the model's turn (its text, special tokens removed)."""
+        ...
+
+    def final_reward(self) -> float:
+        """The reward for the whole episode, asked once when it ends (done, turn limit or
+        token budget)."""
+        ...
+
+
+class TextEnvironment(Protocol):
+    """A multi-turn text environment (registered in ``embodied_rl.registry.TEXT_ENVS``)."""
+
+    def start(self, prompt: str, answer: str) -> TextEpisode:
+        """A new episode for a data row (its ``prompt`` opens the conversation; ``answer``
+        is the row's ground truth, in the environment's own format)."""
+        ...

@@ -46,4 +46,9 @@ FRAME_COUNT = "frame_count"  # (B,) int64 valid frames in FRAMES (with a frame s
 FRAMES = "frames"  # (B, T, H, W, 3) uint8 video frames (SRPO encoder, eval videos)
 TRAJ_EMBEDDING = "traj_embedding"  # (B, D) float32, all zero = invalid trajectory
 
+# --- multi-turn interaction (rollout.llm_multiturn) ---------------------------------------
+TURN_REWARDS = "turn_rewards"  # (B, U) float32 the environment's reward per model turn, 0 after
+NUM_TURNS = "num_turns"  # (B,) int64 model turns taken (<= U = max_turns)
+FINAL_REWARDS = "final_rewards"  # (B,) float32 the environment's reward for the whole episode
+
 ALL_KEYS = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))

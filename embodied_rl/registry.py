@@ -59,6 +59,9 @@ NODE_TYPES = Registry("node type")
 POLICIES = Registry("policy")
 TASKS = Registry("task")
 SIMULATORS = Registry("simulator")
+# Text environments of multi-turn LLM rollouts (``rollout.llm_multiturn``): name -> a class
+# built with the node's ``env_options`` (``embodied_rl.interfaces.TextEnvironment``).
+TEXT_ENVS = Registry("text environment")
 # CLI commands whose implementation lives in a plugin package (e.g. ``demos`` in
 # ``simulators``): ``embodied-rl <name>`` parses the arguments and calls the registered
 # function with them as keywords.

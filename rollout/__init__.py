@@ -1,4 +1,5 @@
 """Rollout nodes. Importing this package registers them in ``embodied_rl.registry``."""
 
-# Registers "rollout.env", "rollout.llm", "encode.video" and the video encoders.
-from rollout import encoders, env, llm  # noqa: F401
+# Registers "rollout.env", "rollout.llm", "rollout.llm_multiturn", "encode.video" and the
+# video encoders.
+from rollout import encoders, env, llm, multiturn  # noqa: F401

@@ -118,7 +118,7 @@ def left_pad_prompts(
     return ids, mask
 
 
-def _set_strings(batch: TensorDict, key: str, values: list[str]) -> None:
+def set_strings(batch: TensorDict, key: str, values: list[str]) -> None:
     # An empty Python list would be stored as an empty float tensor; keep it a string field.
     batch[key] = values if values else NonTensorStack.from_list([])
 
@@ -134,7 +134,7 @@ def _empty_output(batch: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
     out[K.OLD_LOGPROBS] = response.float()
     out[K.GROUP_ID] = torch.zeros(0, dtype=torch.long)
     out[K.SAMPLE_ID] = torch.zeros(0, dtype=torch.long)
-    _set_strings(out, K.RESPONSE_TEXT, [])
+    set_strings(out, K.RESPONSE_TEXT, [])
     return out
 
 
@@ -170,7 +170,7 @@ def _responses(
     )
 
 
-def _score(policy: Any, generated: TensorDict, cfg: LLMRolloutConfig) -> None:
+def score_responses(policy: Any, generated: TensorDict, cfg: LLMRolloutConfig) -> None:
     """Write OLD_LOGPROBS (N, R) float32: the policy's log-probs of the responses, computed
     in micro-batches of ``cfg.micro_batch_size`` samples."""
     chunks = []
@@ -196,7 +196,7 @@ def _generate_vllm(
         of the sampled tokens, 0 after the response).
     """
     engine: VLLMEngine = ctx.state[VLLM_STATE].engine
-    version = _weights_version(ctx, cfg.model)
+    version = weights_version(ctx, cfg.model)
     if engine.synced_version != version:
         seconds = engine.push_weights(policy.inference_weights(), version)
         ctx.metrics.log("time/rollout/weight_sync", seconds, reduce="max")
@@ -222,7 +222,7 @@ def _generate_vllm(
     return _responses(samples, response_ids, response_mask), engine_logprobs * response_mask
 
 
-def _weights_version(ctx: Any, model: str) -> int:
+def weights_version(ctx: Any, model: str) -> int:
     """Optimizer steps taken by ``model`` (0 for a frozen one): the weights change exactly
     when this does, and a restored checkpoint restores it too."""
     if not ctx.models.specs[model].trainable:
@@ -267,7 +267,7 @@ def _decode(tokenizer: Any, response_ids: torch.Tensor, response_mask: torch.Ten
     ),
     config=LLMRolloutConfig,
     batch_factor=lambda c: c.n,
-    setup=lambda ctx: _start_engine(ctx),
+    setup=lambda ctx: start_engine(ctx),
 )
 def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     """Sample ``n`` responses for every prompt of ``batch``.
@@ -307,18 +307,18 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
             # Before gathering: pushing a sharded policy gathers it tensor by tensor.
             generated, engine_logprobs = _generate_vllm(ctx, policy, out, encoded, cfg)
             with gathered_for_inference(policy):
-                _score(policy, generated, cfg)
+                score_responses(policy, generated, cfg)
         else:
             # A sharded (FSDP) policy is gathered once, so the ranks' generations may stop
             # at different lengths without leaving a collective unmatched.
             with gathered_for_inference(policy):
                 generated = _generate(policy, out, cfg)
-                _score(policy, generated, cfg)
+                score_responses(policy, generated, cfg)
     if cfg.backend == "vllm":
         _log_mismatch(ctx, engine_logprobs, generated)
     for key in (K.RESPONSE_IDS, K.RESPONSE_MASK, K.OLD_LOGPROBS):
         out[key] = generated[key]
-    _set_strings(
+    set_strings(
         out,
         K.RESPONSE_TEXT,
         _decode(tokenizer, generated[K.RESPONSE_IDS], generated[K.RESPONSE_MASK]),
@@ -344,7 +344,7 @@ class _EngineHandle:
 _ENGINES: dict[str, VLLMEngine] = {}
 
 
-def _start_engine(ctx: Any) -> None:
+def start_engine(ctx: Any) -> None:
     """Setup of ``rollout.llm``: start the vLLM engine once per worker (backend vllm only)."""
     cfg: LLMRolloutConfig = ctx.node_config
     if cfg.backend != "vllm" or VLLM_STATE in ctx.state:

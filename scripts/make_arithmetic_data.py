@@ -1,10 +1,11 @@
-"""Write the arithmetic task's train/test JSONL files (fields ``prompt``, ``answer``).
+"""Write the text tasks' train/test JSONL files (fields ``prompt``, ``answer``).
 
 Usage (from the repository root)::
 
-    python scripts/make_arithmetic_data.py            # assets/data/arithmetic_{train,test}.jsonl
+    python scripts/make_arithmetic_data.py   # assets/data/{arithmetic,running_sum}_{train,test}.jsonl
 
-The output is deterministic in ``--seed``; test problems never appear in the train file.
+The output is deterministic in ``--seed``; test rows never appear in the train file. The
+running-sum rows are multi-turn episodes (``embodied_rl/tasks/running_sum.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 try:
     from embodied_rl.tasks.arithmetic import make_splits, write_jsonl
+    from embodied_rl.tasks.running_sum import generate_episodes
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
     from embodied_rl.tasks.arithmetic import make_splits, write_jsonl
+    from embodied_rl.tasks.running_sum import generate_episodes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     write_jsonl(args.out_dir / "arithmetic_train.jsonl", train)
     write_jsonl(args.out_dir / "arithmetic_test.jsonl", test)
     print(f"wrote {len(train)} train and {len(test)} test problems to {args.out_dir}")
+    episodes = generate_episodes(args.n_train + args.n_test, args.seed)
+    write_jsonl(args.out_dir / "running_sum_train.jsonl", episodes[: args.n_train])
+    write_jsonl(args.out_dir / "running_sum_test.jsonl", episodes[args.n_train :])
+    print(f"wrote {args.n_train} train and {args.n_test} test running-sum episodes")
 
 
 if __name__ == "__main__":

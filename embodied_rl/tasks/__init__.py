@@ -1,6 +1,7 @@
-"""Text tasks (problem generators) and their rule-based reward nodes.
+"""Text tasks (problem generators), their rule-based reward nodes and text environments.
 
-Importing this package registers the reward node types (``reward.arithmetic``).
+Importing this package registers the reward node types (``reward.arithmetic``) and the
+multi-turn text environments (``running_sum``).
 """
 
-from embodied_rl.tasks import arithmetic  # noqa: F401  (registers "reward.arithmetic")
+from embodied_rl.tasks import arithmetic, running_sum  # noqa: F401  (registration)

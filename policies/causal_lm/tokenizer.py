@@ -34,6 +34,16 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 QWEN2_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 151643, 151644, 151645
 QWEN2_EOS_ID = 151643
+# Qwen2.5's ChatML turn layout (``<|im_start|>role\ncontent<|im_end|>\n``, then the
+# generation prompt ``<|im_start|>assistant\n``) without its default system message, which
+# would add ~20 tokens to every prompt of the tiny models. Multi-turn rollouts render the
+# environment's turns with it; a local checkpoint's own template takes precedence.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 QWEN2_VOCAB_LEN = 151646  # 151643 BPE ranks + 3 special tokens
 
 CACHE_ENV_VAR = "EMBODIED_RL_CACHE"
@@ -162,6 +172,7 @@ def build_qwen2_tokenizer(cache_dir: str | Path | None = None) -> PreTrainedToke
                 tokenizer = _load_cached_qwen2(Path(key))
                 if tokenizer is None:
                     raise RuntimeError(f"tokenizer saved to {key} cannot be loaded back")
+            tokenizer.chat_template = tokenizer.chat_template or CHATML_TEMPLATE
             _loaded[key] = tokenizer
         return _loaded[key]
 
