@@ -117,7 +117,15 @@ class MultiTurnRolloutConfig:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"rollout top_p must be in (0, 1], got {self.top_p}")
-        TEXT_ENVS.get(self.env)  # an unknown name fails here, with the known ones
+        environment = TEXT_ENVS.get(self.env)  # an unknown name fails here, with the known ones
+        try:  # options the environment does not take fail at validation, not in a worker
+            environment(**self.env_options)
+        except TypeError as err:
+            raise ValueError(
+                f"env_options {dict(self.env_options)} do not fit the text environment "
+                f"{self.env!r} ({err}); give only the options its constructor takes "
+                f"({environment.__module__}.{environment.__name__})"
+            ) from None
 
 
 @dataclass

@@ -98,6 +98,11 @@ def format_plan(dag: DagSpec, plans: list[WorkerPlan]) -> str:
             lines.append("  " + _format_step(dag, plan.rank, step))
     groups = process_groups(plans)
     lines.append("process groups: " + ", ".join(str(list(g)) for g in groups))
+    for name, ranks in dag.branches.items():
+        members = [n.id for n in dag.nodes if n.branch == name]
+        lines.append(
+            f"branch {name}: workers {list(ranks)}, nodes {', '.join(members)} (metrics {name}/...)"
+        )
     return "\n".join(lines)
 
 

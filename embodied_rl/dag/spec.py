@@ -16,20 +16,23 @@ from embodied_rl.dag.node_type import NodeConfigError, NodeType
 from embodied_rl.data.layout import Layout
 from embodied_rl.registry import NODE_TYPES
 
-NODE_FIELDS = ("id", "type", "deps", "config", "parallel")
+NODE_FIELDS = ("id", "type", "deps", "config", "parallel", "branch")
 PARALLEL_FIELDS = ("workers", "num_workers", "tp")
+BRANCH_FIELDS = ("workers", "num_workers")
 
 
 @dataclass(frozen=True)
 class DagIssue:
-    """One validation problem: ``node`` is ``None`` for problems of the whole DAG."""
+    """One validation problem: ``node`` is ``None`` for problems of the whole DAG; ``kind``
+    says what ``node`` names (a ``node`` or a ``branch``)."""
 
     node: str | None
     problem: str
     fix: str
+    kind: str = "node"
 
     def __str__(self) -> str:
-        where = f"node {self.node!r}: " if self.node is not None else "dag: "
+        where = f"{self.kind} {self.node!r}: " if self.node is not None else "dag: "
         return f"{where}{self.problem}. Fix: {self.fix}"
 
 
@@ -54,14 +57,21 @@ class NodeSpec:
     global_batch: int | None = None
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
+    branch: str | None = None
 
 
 @dataclass
 class DagSpec:
-    """A validated DAG: nodes in a deterministic topological order."""
+    """A validated DAG: nodes in a deterministic topological order.
+
+    ``branches``: ``dag.branches``, name -> the worker ranks of that branch. A branch is a
+    part of the DAG with its own workers (e.g. an LLM trained with GRPO beside a VLA trained
+    with SRPO in one job); its nodes log their metrics as ``<branch>/<name>``.
+    """
 
     nodes: list[NodeSpec]
     num_workers: int
+    branches: dict[str, tuple[int, ...]] = field(default_factory=dict)
     by_id: dict[str, NodeSpec] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +196,80 @@ def _parse_layout(node_id: str, raw: Any, num_workers: int, issues: list[DagIssu
         return everyone
 
 
+def parse_branches(raw: Any, num_workers: int, issues: list[DagIssue]) -> dict[str, Layout]:
+    """``dag.branches``: branch name -> ``{workers: [..]}`` or ``{num_workers: k}``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        issues.append(
+            DagIssue(
+                None,
+                f"dag.branches must map branch names to their workers, got {str(raw)[:60]!r}",
+                "write e.g. branches: {llm: {workers: [0, 1]}, vla: {workers: [2, 3]}}",
+            )
+        )
+        return {}
+    branches: dict[str, Layout] = {}
+    for name, spec in raw.items():
+        name = str(name)
+        fields_given = set(spec) if isinstance(spec, Mapping) else set()
+        if not fields_given & set(BRANCH_FIELDS) or spec.get("workers") == []:
+            issues.append(
+                DagIssue(
+                    name,
+                    "has no workers",
+                    "give it workers of its own, e.g. workers: [0, 1] (or num_workers: 2)",
+                    kind="branch",
+                )
+            )
+            continue
+        found: list[DagIssue] = []
+        layout = _parse_layout(name, {k: spec[k] for k in spec if k != "tp"}, num_workers, found)
+        unknown = sorted(map(str, fields_given - set(BRANCH_FIELDS)))
+        if unknown:
+            found.append(DagIssue(name, f"unknown key(s) {unknown}", f"use {list(BRANCH_FIELDS)}"))
+        issues.extend(DagIssue(i.node, i.problem, i.fix, kind="branch") for i in found)
+        if not found:
+            branches[name] = layout
+    return branches
+
+
+def _branch_layout(
+    node_id: str,
+    branch: Any,
+    own: Layout | None,
+    branches: Mapping[str, Layout],
+    issues: list[DagIssue],
+) -> Layout | None:
+    """The node's layout inside its branch: its own ``parallel`` (which must stay within the
+    branch's workers) or, without one, all of the branch's workers."""
+    if not isinstance(branch, str) or branch not in branches:
+        known = ", ".join(sorted(branches)) or "none: dag.branches is empty"
+        issues.append(
+            DagIssue(
+                node_id,
+                f"names branch {branch!r}, which dag.branches does not define (known: {known})",
+                "define it under dag.branches with its workers, or fix the node's branch",
+            )
+        )
+        return None
+    workers = branches[branch].ranks
+    if own is None:
+        return Layout(workers)
+    outside = sorted(set(own.ranks) - set(workers))
+    if outside:
+        issues.append(
+            DagIssue(
+                node_id,
+                f"is placed on worker(s) {outside} outside its branch {branch!r} (workers "
+                f"{list(workers)})",
+                "place it on the branch's workers (or drop its 'parallel' to use them all)",
+            )
+        )
+        return None
+    return own
+
+
 def _parse_deps(node_id: str, raw: Any, issues: list[DagIssue]) -> tuple[str, ...]:
     """``deps`` as node ids: a list of ids, one id, or nothing."""
     if raw is None:
@@ -220,7 +304,7 @@ def _node_id(index: int, raw: Any, issues: list[DagIssue]) -> str | None:
 
 
 def _parse_nodes(
-    raw_nodes: Any, num_workers: int, issues: list[DagIssue]
+    raw_nodes: Any, num_workers: int, issues: list[DagIssue], branches: Mapping[str, Layout]
 ) -> tuple[list[NodeSpec], set[str]]:
     """Check each node entry on its own: fields, id, type, config and placement.
 
@@ -280,7 +364,13 @@ def _parse_nodes(
             continue
         deps = _parse_deps(node_id, raw.get("deps"), issues)
         layout = _parse_layout(node_id, raw.get("parallel"), num_workers, issues)
-        nodes.append(NodeSpec(node_id, node_type, deps, config, layout))
+        branch = raw.get("branch")
+        if branch is not None:
+            own = layout if raw.get("parallel") is not None else None
+            layout = _branch_layout(node_id, branch, own, branches, issues)
+            if layout is None:
+                continue
+        nodes.append(NodeSpec(node_id, node_type, deps, config, layout, branch=branch))
     return nodes, seen
 
 
@@ -433,8 +523,9 @@ def _global_batch(node: NodeSpec, order: list[NodeSpec], issues: list[DagIssue])
     return sizes.pop() * node.type.factor(node.config) if sizes else None
 
 
-def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
-    """Validate the raw ``dag.nodes`` list (plain Python data) for ``num_workers`` workers.
+def validate_dag(raw_nodes: Any, num_workers: int, raw_branches: Any = None) -> DagSpec:
+    """Validate the raw ``dag.nodes`` list (plain Python data) for ``num_workers`` workers,
+    with the optional ``dag.branches`` (branch name -> its workers).
 
     Raises:
         DagValidationError: listing every problem, each naming the node and the fix.
@@ -444,7 +535,9 @@ def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
         raise DagValidationError(
             [DagIssue(None, f"{num_workers!r} workers", "set workers.num_workers >= 1")]
         )
-    parsed, named = _parse_nodes(raw_nodes, num_workers, issues)
+    branches = parse_branches(raw_branches, num_workers, issues)
+    parsed, named = _parse_nodes(raw_nodes, num_workers, issues, branches)
+    _check_branches_used(branches, raw_nodes, issues)
     nodes = _check_deps(parsed, named, issues)
     order = _topological_order(nodes, issues) if nodes else None
     # With an invalid entry left out, feeds and batch keys would report its absence again.
@@ -453,11 +546,28 @@ def validate_dag(raw_nodes: Any, num_workers: int) -> DagSpec:
         _check_batches_and_keys(order, issues)
     if issues:
         raise DagValidationError(issues)
-    dag = DagSpec(order, num_workers)
+    dag = DagSpec(order, num_workers, {name: b.ranks for name, b in branches.items()})
     _check_resampling(dag, issues)
     if issues:
         raise DagValidationError(issues)
     return dag
+
+
+def _check_branches_used(
+    branches: Mapping[str, Layout], raw_nodes: Any, issues: list[DagIssue]
+) -> None:
+    """A defined branch that no node names is a mistake (a typo in a node's branch)."""
+    entries = raw_nodes if isinstance(raw_nodes, list | tuple) else []
+    named = {str(n.get("branch")) for n in entries if isinstance(n, Mapping) and "branch" in n}
+    for name in sorted(set(branches) - named):
+        issues.append(
+            DagIssue(
+                name,
+                "has no nodes",
+                "set 'branch: " + name + "' on the nodes it should run, or remove it",
+                kind="branch",
+            )
+        )
 
 
 def _check_resampling(dag: DagSpec, issues: list[DagIssue]) -> None:

@@ -311,10 +311,12 @@ def dag_from_config(
             f"the config has no {key}.nodes (got {key}: {str(block)[:60]})",
             f"add e.g. 'defaults: [{{{key}: grpo}}]' or a {key}: {{nodes: [...]}} block",
         )
-    unknown = sorted(map(str, set(block) - {"nodes"}))
+    unknown = sorted(map(str, set(block) - {"nodes", "branches"}))
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {key}", f"{key} holds only 'nodes'")
-    return validate_dag(block["nodes"], num_workers)
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {key}", f"{key} holds only 'nodes' and 'branches'"
+        )
+    return validate_dag(block["nodes"], num_workers, block.get("branches"))
 
 
 def _check_top_level(plain: Mapping[Any, Any]) -> RunOptions:

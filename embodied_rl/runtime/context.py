@@ -106,6 +106,18 @@ class MetricSink:
         return records
 
 
+class BranchMetrics:
+    """The view of a worker's :class:`MetricSink` that a node of a DAG branch logs through:
+    every name gets the branch's prefix (``llm/reward/mean``), so two branches that log the
+    same metric names in one job keep them apart."""
+
+    def __init__(self, sink: MetricSink, branch: str) -> None:
+        self.sink, self.prefix = sink, f"{branch}/"
+
+    def log(self, name: str, value: float, weight: float = 1.0, reduce: str = "mean") -> None:
+        self.sink.log(self.prefix + name, value, weight, reduce)
+
+
 def _combine(a: float, wa: float, b: float, wb: float, reduce: str) -> tuple[float, float]:
     """Merge two logged values of one metric on one worker."""
     if reduce == "mean":
@@ -153,7 +165,7 @@ class NodeContext:
     models: Any
     state: dict[str, Any]
     step: int
-    metrics: MetricSink
+    metrics: MetricSink | BranchMetrics
     device: torch.device
     run_dir: Path
     shared: dict[str, Any] = field(default_factory=dict)

@@ -28,7 +28,13 @@ from embodied_rl.dag.spec import DagSpec
 from embodied_rl.devices import device_spec
 from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
-from embodied_rl.runtime.context import STOP_REQUESTED, MetricSink, NodeContext, StopFlag
+from embodied_rl.runtime.context import (
+    STOP_REQUESTED,
+    BranchMetrics,
+    MetricSink,
+    NodeContext,
+    StopFlag,
+)
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
 from embodied_rl.runtime.memory import memory_mb
 from embodied_rl.runtime.models import ModelStore, model_uses
@@ -150,7 +156,7 @@ class DAGWorker:
             state=state,
             shared=self.shared,
             step=0,
-            metrics=self.sink,
+            metrics=self.sink if node.branch is None else BranchMetrics(self.sink, node.branch),
             device=self.device,
             run_dir=self.run_dir,
             seed_fn=self._seed_for,

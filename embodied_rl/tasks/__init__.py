@@ -1,7 +1,7 @@
 """Text tasks (problem generators), their rule-based reward nodes and text environments.
 
 Importing this package registers the reward node types (``reward.arithmetic``) and the
-multi-turn text environments (``running_sum``).
+multi-turn text environments (``running_sum``, ``echo``).
 """
 
-from embodied_rl.tasks import arithmetic, running_sum  # noqa: F401  (registration)
+from embodied_rl.tasks import arithmetic, echo, running_sum  # noqa: F401  (registration)

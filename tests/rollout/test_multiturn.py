@@ -19,6 +19,7 @@ from embodied_rl.data.layout import Layout
 from embodied_rl.nodes.rewards import TurnRewardConfig, turn_reward_node
 from embodied_rl.registry import POLICIES, TEXT_ENVS, UnknownNameError
 from embodied_rl.runtime.context import MetricSink, NodeContext
+from embodied_rl.tasks.echo import Echo, generate_echo_episodes
 from embodied_rl.tasks.running_sum import RunningSum, generate_episodes, parse_script
 from rollout.multiturn import (
     MultiTurnRolloutConfig,
@@ -101,10 +102,26 @@ def test_generated_episodes_are_distinct_deterministic_and_in_range():
         assert all(0 <= t <= 30 for t in totals) and 0 not in operands
 
 
-def test_unknown_environment_is_refused_with_the_known_ones():
+def test_echo_rewards_saying_back_the_number_of_the_latest_message():
+    episode = Echo().start("say 4", "4 19 7")
+    first = episode.step("4")
+    assert (first.observation, first.reward, first.done) == ("correct. say 19", 1.0, False)
+    second = episode.step("18")
+    assert (second.observation, second.reward) == ("no, 19. say 7", 0.0)
+    assert episode.step("7").done and episode.final_reward() == 0.0
+    with pytest.raises(ValueError, match="must be 'say 4'"):
+        Echo().start("say 5", "4 19 7")
+    rows = generate_echo_episodes(50, seed=1)
+    assert rows == generate_echo_episodes(50, seed=1)
+    assert all(r["prompt"] == "say " + r["answer"].split()[0] for r in rows)
+
+
+def test_unknown_environment_or_options_are_refused_at_validation():
     with pytest.raises(UnknownNameError, match="running_sum"):
         MultiTurnRolloutConfig(env="running_summ")
     assert "running_sum" in TEXT_ENVS
+    with pytest.raises(ValueError, match="do not fit the text environment 'echo'"):
+        MultiTurnRolloutConfig(env="echo", env_options={"partial_weight": 0.5})
 
 
 # ----------------------------------------------------------------------------- chat template
@@ -234,3 +251,26 @@ def test_turn_rewards_combine_as_mean_over_turns_taken_plus_final():
     assert metrics["reward/final"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="not both 0"):
         TurnRewardConfig(turn_weight=0.0, final_weight=0.0)
+
+
+# ----------------------------------------------------------------------------- vLLM backend
+@pytest.mark.vllm
+def test_vllm_conversations_equal_hf_ones_greedy(policy):
+    """backend vllm: one engine call per turn on the same token ids. Greedy decoding in
+    float32 on both sides must give the same conversations, token for token."""
+    from rollout.llm import start_engine
+    from rollout.vllm_engine import VLLMOptions
+
+    options = {"n": 2, "do_sample": False, "max_turn_tokens": 3, "max_response_length": 48}
+    hf_out, _ = rollout_of(policy, **options)
+    cfg = MultiTurnRolloutConfig(backend="vllm", vllm=VLLMOptions(dtype="float32"), **options)
+    ctx = make_ctx(policy, cfg)
+    start_engine(ctx)
+    try:
+        vllm_out = multiturn_rollout(ctx, rows())
+    finally:
+        ctx.state["vllm_engine"].close()
+    assert torch.equal(vllm_out[K.RESPONSE_IDS], hf_out[K.RESPONSE_IDS])
+    assert torch.equal(vllm_out[K.RESPONSE_MASK], hf_out[K.RESPONSE_MASK])
+    assert torch.equal(vllm_out[K.TURN_REWARDS], hf_out[K.TURN_REWARDS])
+    torch.testing.assert_close(vllm_out[K.OLD_LOGPROBS], hf_out[K.OLD_LOGPROBS])

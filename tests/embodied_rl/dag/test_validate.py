@@ -300,3 +300,54 @@ def test_task_manifest_config_errors_name_the_key():
     assert "tasks is an empty list; list task ids, or set tasks: null for all" in empty
     (split,) = issues_of([{**base, "config": {**config, "split": "heldout", "heldout_every": 0}}])
     assert "split 'heldout' of 10 init states with heldout_every=0 is empty" in split
+
+
+# ----------------------------------------------------------------------------- branches
+BRANCHES = {"llm": {"workers": [0, 1]}, "vla": {"workers": [2, 3]}}
+
+
+def branch_nodes(prefix: str, branch: str, **extra) -> list[dict]:
+    return [
+        {"id": f"{prefix}_prompts", "type": "data.prompts", "branch": branch, "config": {"batch_size": 8}, **extra},
+        {"id": f"{prefix}_count", "type": "test.count_prompts", "branch": branch, "deps": [f"{prefix}_prompts"]},
+    ]  # fmt: skip
+
+
+def branch_issues(nodes, branches, num_workers=4) -> list[str]:
+    with pytest.raises(DagValidationError) as info:
+        validate_dag(nodes, num_workers, branches)
+    return [str(issue) for issue in info.value.issues]
+
+
+def test_branches_place_their_nodes_on_their_own_workers():
+    dag = validate_dag(branch_nodes("a", "llm") + branch_nodes("b", "vla"), 4, BRANCHES)
+    assert dag.branches == {"llm": (0, 1), "vla": (2, 3)}
+    assert dag.by_id["a_count"].layout.ranks == (0, 1) and dag.by_id["a_count"].branch == "llm"
+    assert dag.by_id["b_prompts"].layout.ranks == (2, 3)
+    # A node may narrow its placement inside its branch.
+    narrow = branch_nodes("a", "llm") + branch_nodes("b", "vla", parallel={"workers": [3]})
+    narrow[3]["parallel"] = {"workers": [3]}
+    assert validate_dag(narrow, 4, BRANCHES).by_id["b_prompts"].layout.ranks == (3,)
+
+
+def test_bad_branches_are_refused_naming_the_branch_or_node_and_the_fix():
+    both = branch_nodes("a", "llm") + branch_nodes("b", "vla")
+    errors = branch_issues(both, {"llm": {"workers": [0, 1]}, "vla": {"workers": []}})
+    assert errors == [
+        "branch 'vla': has no workers. Fix: give it workers of its own, e.g. workers: [0, 1] "
+        "(or num_workers: 2)",
+        "node 'b_prompts': names branch 'vla', which dag.branches does not define (known: "
+        "llm). Fix: define it under dag.branches with its workers, or fix the node's branch",
+        "node 'b_count': names branch 'vla', which dag.branches does not define (known: llm). "
+        "Fix: define it under dag.branches with its workers, or fix the node's branch",
+    ]
+    outside = branch_nodes("a", "llm", parallel={"workers": [1, 2]})
+    errors = branch_issues(outside, {"llm": {"workers": [0, 1]}})
+    assert errors[0].startswith("node 'a_prompts': is placed on worker(s) [2] outside its branch")
+    errors = branch_issues(branch_nodes("a", "llm"), BRANCHES)
+    assert errors == [
+        "branch 'vla': has no nodes. Fix: set 'branch: vla' on the nodes it should run, or "
+        "remove it"
+    ]
+    errors = branch_issues(branch_nodes("a", "llm"), {"llm": {"workers": [0, 5]}})
+    assert errors[0].startswith("branch 'llm': placed on workers [0, 5] but the run has only 4")
