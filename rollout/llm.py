@@ -63,26 +63,35 @@ class LLMRolloutConfig:
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
 
     def __post_init__(self) -> None:
-        if isinstance(self.vllm, dict):
-            unknown = sorted(set(self.vllm) - set(VLLMOptions.__dataclass_fields__))
-            if unknown:
-                raise ValueError(
-                    f"rollout.vllm: unknown key(s) {unknown}; valid keys: "
-                    f"{sorted(VLLMOptions.__dataclass_fields__)}"
-                )
-            self.vllm = VLLMOptions(**self.vllm)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown rollout backend {self.backend!r}; valid: {list(BACKENDS)}")
-        for name in ("n", "max_prompt_length", "max_response_length", "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout {name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0:
+        check_rollout_options(
+            self, ("n", "max_prompt_length", "max_response_length", "micro_batch_size")
+        )
+
+
+def check_rollout_options(cfg: Any, positive: Sequence[str]) -> None:
+    """Checks shared by the LLM rollout configs: the fields named in ``positive`` are >= 1,
+    and the backend, sampling and ``vllm`` options are valid (a ``vllm`` dict becomes
+    :class:`VLLMOptions`)."""
+    if isinstance(cfg.vllm, dict):
+        unknown = sorted(set(cfg.vllm) - set(VLLMOptions.__dataclass_fields__))
+        if unknown:
             raise ValueError(
-                f"rollout temperature must be > 0, got {self.temperature}; "
-                "set do_sample: false for greedy decoding"
+                f"rollout.vllm: unknown key(s) {unknown}; valid keys: "
+                f"{sorted(VLLMOptions.__dataclass_fields__)}"
             )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"rollout top_p must be in (0, 1], got {self.top_p}")
+        cfg.vllm = VLLMOptions(**cfg.vllm)
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"unknown rollout backend {cfg.backend!r}; valid: {list(BACKENDS)}")
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"rollout {name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.temperature <= 0:
+        raise ValueError(
+            f"rollout temperature must be > 0, got {cfg.temperature}; "
+            "set do_sample: false for greedy decoding"
+        )
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ValueError(f"rollout top_p must be in (0, 1], got {cfg.top_p}")
 
 
 def left_pad_prompts(
@@ -252,19 +261,23 @@ def _decode(tokenizer: Any, response_ids: torch.Tensor, response_mask: torch.Ten
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
+# What an LLM rollout writes for the trainer (rollout.llm, rollout.llm_multiturn).
+LLM_ROLLOUT_WRITES = (
+    K.PROMPT_IDS,
+    K.PROMPT_MASK,
+    K.RESPONSE_IDS,
+    K.RESPONSE_MASK,
+    K.RESPONSE_TEXT,
+    K.OLD_LOGPROBS,
+    K.GROUP_ID,
+    K.SAMPLE_ID,
+)
+
+
 @register_node(
     "rollout.llm",
     reads=(K.PROMPT_TEXT, K.SAMPLE_ID),
-    writes=(
-        K.PROMPT_IDS,
-        K.PROMPT_MASK,
-        K.RESPONSE_IDS,
-        K.RESPONSE_MASK,
-        K.RESPONSE_TEXT,
-        K.OLD_LOGPROBS,
-        K.GROUP_ID,
-        K.SAMPLE_ID,
-    ),
+    writes=LLM_ROLLOUT_WRITES,
     config=LLMRolloutConfig,
     batch_factor=lambda c: c.n,
     setup=lambda ctx: start_engine(ctx),

@@ -39,8 +39,9 @@ from embodied_rl.interfaces import TextEpisode
 from embodied_rl.registry import TEXT_ENVS
 from embodied_rl.runtime.fsdp import gathered_for_inference
 from rollout.llm import (
-    BACKENDS,
+    LLM_ROLLOUT_WRITES,
     VLLM_STATE,
+    check_rollout_options,
     left_pad_prompts,
     score_responses,
     set_strings,
@@ -89,20 +90,17 @@ class MultiTurnRolloutConfig:
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
 
     def __post_init__(self) -> None:
-        if isinstance(self.vllm, dict):
-            self.vllm = VLLMOptions(**self.vllm)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown rollout backend {self.backend!r}; valid: {list(BACKENDS)}")
-        for name in (
-            "n",
-            "max_turns",
-            "max_turn_tokens",
-            "max_prompt_length",
-            "max_response_length",
-            "micro_batch_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout {name} must be >= 1, got {getattr(self, name)}")
+        check_rollout_options(
+            self,
+            (
+                "n",
+                "max_turns",
+                "max_turn_tokens",
+                "max_prompt_length",
+                "max_response_length",
+                "micro_batch_size",
+            ),
+        )
         if self.max_response_length < self.max_turn_tokens:
             raise ValueError(
                 f"max_response_length ({self.max_response_length}) is the budget of the whole "
@@ -110,13 +108,6 @@ class MultiTurnRolloutConfig:
                 f"{self.max_turn_tokens}); raise it (about max_turns x (max_turn_tokens + "
                 "the environment's message tokens))"
             )
-        if self.temperature <= 0:
-            raise ValueError(
-                f"rollout temperature must be > 0, got {self.temperature}; "
-                "set do_sample: false for greedy decoding"
-            )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"rollout top_p must be in (0, 1], got {self.top_p}")
         environment = TEXT_ENVS.get(self.env)  # an unknown name fails here, with the known ones
         try:  # options the environment does not take fail at validation, not in a worker
             environment(**self.env_options)
@@ -354,19 +345,7 @@ def _log_metrics(ctx: Any, conversations: list[Conversation]) -> None:
 @register_node(
     "rollout.llm_multiturn",
     reads=(K.PROMPT_TEXT, K.ANSWER_TEXT, K.SAMPLE_ID),
-    writes=(
-        K.PROMPT_IDS,
-        K.PROMPT_MASK,
-        K.RESPONSE_IDS,
-        K.RESPONSE_MASK,
-        K.RESPONSE_TEXT,
-        K.OLD_LOGPROBS,
-        K.GROUP_ID,
-        K.SAMPLE_ID,
-        K.TURN_REWARDS,
-        K.NUM_TURNS,
-        K.FINAL_REWARDS,
-    ),
+    writes=(*LLM_ROLLOUT_WRITES, K.TURN_REWARDS, K.NUM_TURNS, K.FINAL_REWARDS),
     config=MultiTurnRolloutConfig,
     batch_factor=lambda c: c.n,
     setup=lambda ctx: start_engine(ctx),
