@@ -255,16 +255,21 @@ def test_turn_rewards_combine_as_mean_over_turns_taken_plus_final():
 
 # ----------------------------------------------------------------------------- vLLM backend
 @pytest.mark.vllm
-def test_vllm_conversations_equal_hf_ones_greedy(policy):
+def test_vllm_conversations_equal_hf_ones_greedy():
     """backend vllm: one engine call per turn on the same token ids. Greedy decoding in
     float32 on both sides must give the same conversations, token for token."""
+    from embodied_rl.runtime.models import ModelStore
     from rollout.llm import start_engine
     from rollout.vllm_engine import VLLMOptions
 
-    options = {"n": 2, "do_sample": False, "max_turn_tokens": 3, "max_response_length": 48}
-    hf_out, _ = rollout_of(policy, **options)
-    cfg = MultiTurnRolloutConfig(backend="vllm", vllm=VLLMOptions(dtype="float32"), **options)
+    options = {"seed": 0, "allowed_response_tokens": DIGITS}
+    store = ModelStore({"actor": {"policy": "causal_lm", "options": options}}, CPU)
+    policy = store["actor"]
+    sampling = {"n": 2, "do_sample": False, "max_turn_tokens": 3, "max_response_length": 48}
+    hf_out, _ = rollout_of(policy, **sampling)
+    cfg = MultiTurnRolloutConfig(backend="vllm", vllm=VLLMOptions(dtype="float32"), **sampling)
     ctx = make_ctx(policy, cfg)
+    ctx.models = store  # the engine's weight version is the optimizer's step count
     start_engine(ctx)
     try:
         vllm_out = multiturn_rollout(ctx, rows())
