@@ -51,7 +51,8 @@ def test_both_branches_learn_in_one_job(tmp_path):
     assert len(rows) == 40
     llm = [r["llm/reward/mean"] for r in rows]
     reach = [r["reach/rollout/success_rate"] for r in rows]
-    # Alone, grpo_llm goes from ~0.065 to ~0.21 in 40 steps and srpo_reach from ~0.01 to
-    # near 1.0 (tests/embodied_rl/runtime/test_grpo_learning.py, test_srpo_reach.py).
+    # Measured (seed 0): llm reward 0.066 over steps 1-3 -> 0.27 over steps 31-40; reach
+    # success 0.02 -> 0.95 over steps 36-40 (alone: grpo_llm ~0.065 -> 0.21, srpo_reach
+    # ~0.01 -> near 1.0 in 40 steps).
     assert statistics.mean(llm[-10:]) > statistics.mean(llm[:3]) + 0.06, llm
     assert statistics.mean(reach[-5:]) > statistics.mean(reach[:3]) + 0.5, reach
