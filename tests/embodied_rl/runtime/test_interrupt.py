@@ -29,7 +29,11 @@ from embodied_rl.runtime.worker import DAGWorker, status_path
 
 pytestmark = pytest.mark.ray
 
-EVAL_MAX_STEPS = 400  # a greedy random-init reach episode fails: each eval wave runs 400 steps
+# The reach episodes of the evaluation run this many policy steps (a greedy random-init
+# policy fails), about a minute per wave: the stop must land inside them, so an evaluation
+# that ends by itself before the driver's close() arrives cannot pass for a stopped one.
+EVAL_MAX_STEPS = 20_000
+TRAIN_MAX_STEPS = 50  # the task's own episode length, for the training rollouts
 
 
 def _config(run_dir: Path, *overrides: str) -> Any:
@@ -48,6 +52,8 @@ def _config(run_dir: Path, *overrides: str) -> Any:
         ],
     )
     with open_dict(cfg):
+        cfg.simulator.options.max_steps = EVAL_MAX_STEPS  # the env never ends an episode first
+        cfg.rollout.max_steps = TRAIN_MAX_STEPS
         rollout = next(node for node in cfg.eval_dag.nodes if node.id == "rollout")
         rollout.config.max_steps = EVAL_MAX_STEPS
     return cfg
