@@ -29,6 +29,7 @@ per task with the default 2), never used for demos (the loader refuses them) or 
 Run (about 5 hours on 2 idle cores: SFT ~15 min, each RL run its budget plus evaluations)::
 
     .venv/bin/python scripts/bench/libero_learning.py
+    .venv/bin/python scripts/bench/libero_learning.py --methods srpo --eval-every 5  # the 2-h row
     .venv/bin/python scripts/bench/libero_learning.py --rl-minutes 15 --runs /tmp/ll --out /tmp/ll
 """
 
@@ -64,16 +65,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rl-minutes", type=float, default=120.0, help="RL wall-time budget")
     parser.add_argument("--eval-every", type=int, default=10, help="RL steps between evals")
     parser.add_argument("--temperature", type=float, default=0.3)
-    parser.add_argument("--rl-lr", type=float, default=1e-4)
+    # Defaults: the configuration that met the 2-hour target (BENCHMARKS.md, third attempt);
+    # the first two attempts used --rl-groups 4 --rl-lr 1e-4 --rl-warmup 0 --loss-agg token-mean.
+    parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument(
-        "--rl-warmup", type=int, default=0, help="RL lr warmup (optimizer updates; 0 = off)"
+        "--rl-warmup", type=int, default=8, help="RL lr warmup (optimizer updates; 0 = off)"
     )
     parser.add_argument(
-        "--rl-groups", type=int, default=4, help="(task, init state) groups per RL step"
+        "--rl-groups", type=int, default=8, help="(task, init state) groups per RL step"
     )
     parser.add_argument(
         "--loss-agg",
-        default="token-mean",
+        default="seq-mean-token-mean",
         choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
         help="RL loss aggregation (token-mean weighs an episode by its length)",
     )
