@@ -22,6 +22,7 @@ from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
 from embodied_rl.devices import device_spec
 from embodied_rl.runtime.fsdp import gathered_for_inference
+from embodied_rl.runtime.models import adam_updates_done
 from rollout.vllm_engine import VLLMEngine, VLLMOptions
 
 BACKENDS = ("hf", "vllm")
@@ -236,9 +237,7 @@ def weights_version(ctx: Any, model: str) -> int:
     when this does, and a restored checkpoint restores it too."""
     if not ctx.models.specs[model].trainable:
         return 0
-    state = ctx.models.optimizer(model).state
-    steps = [int(s["step"]) for s in state.values() if "step" in s]
-    return max(steps, default=0)
+    return adam_updates_done(ctx.models.optimizer(model))
 
 
 def _log_mismatch(ctx: Any, engine_logprobs: torch.Tensor, generated: TensorDict) -> None:

@@ -38,9 +38,6 @@ class StopFlag:
         self._event = threading.Event()
         self._lock = threading.Lock()
 
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
     def raise_if_set(self, where: str) -> None:
         if self._event.is_set():
             raise RunStopped(f"stopped by the driver during {where}")
