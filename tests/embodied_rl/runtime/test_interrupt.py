@@ -81,7 +81,17 @@ class _Interrupter(threading.Thread):
             time.sleep(0.05)
 
 
-def test_ctrl_c_during_an_evaluation_stops_it_and_writes_nothing_from_it(tmp_path):
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test: a job started in the
+    background of a script (``.ci/run &``) inherits SIGINT *ignored*, and the signal the
+    test sends would then never reach the launcher."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_an_evaluation_stops_it_and_writes_nothing_from_it(tmp_path, ctrl_c_raises):
     run_dir = tmp_path / "run"
     interrupter = _Interrupter(run_dir)
     interrupter.start()
