@@ -51,4 +51,48 @@ TURN_REWARDS = "turn_rewards"  # (B, U) float32 the environment's reward per mod
 NUM_TURNS = "num_turns"  # (B,) int64 model turns taken (<= U = max_turns)
 FINAL_REWARDS = "final_rewards"  # (B,) float32 the environment's reward for the whole episode
 
-ALL_KEYS = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
+# --- multi-agent DAGs -------------------------------------------------------------------------
+# What one agent of a multi-agent DAG produces for itself and trains on. A node with an
+# ``agent: <name>`` field reads and writes these under ``<name>/<key>`` (e.g.
+# ``tens/response_ids``), so two agents' rollouts, values and advantages share one batch
+# row (one joint episode) without overwriting each other. Everything else (sample and group
+# ids, the task's prompt and answer, the team REWARDS) is shared by all agents.
+AGENT_FIELDS = frozenset(
+    {
+        PROMPT_IDS,
+        PROMPT_MASK,
+        RESPONSE_IDS,
+        RESPONSE_MASK,
+        RESPONSE_TEXT,
+        OLD_LOGPROBS,
+        REF_LOGPROBS,
+        TOKEN_REWARDS,
+        ADVANTAGES,
+        VALUES,
+        RETURNS,
+    }
+)
+AGENT_SEPARATOR = "/"
+
+
+def agent_key(agent: str, key: str) -> str:
+    """``<agent>/<key>``: agent ``agent``'s own copy of the per-agent field ``key``."""
+    return f"{agent}{AGENT_SEPARATOR}{key}"
+
+
+def key_of_agent(agent: str | None, key: str) -> str:
+    """What a node of ``agent`` (``None``: of no agent) means by ``key`` in the batch."""
+    return agent_key(agent, key) if agent is not None and key in AGENT_FIELDS else key
+
+
+def owning_agent(key: str) -> str | None:
+    """The agent whose namespace ``key`` is in (``tens/response_ids`` -> ``tens``), else None."""
+    agent, sep, field_name = key.partition(AGENT_SEPARATOR)
+    return agent if sep and field_name in AGENT_FIELDS else None
+
+
+ALL_KEYS = frozenset(
+    v
+    for k, v in dict(globals()).items()
+    if k.isupper() and isinstance(v, str) and k != "AGENT_SEPARATOR"
+)

@@ -133,7 +133,7 @@ def set_strings(batch: TensorDict, key: str, values: list[str]) -> None:
     batch[key] = values if values else NonTensorStack.from_list([])
 
 
-def _empty_output(batch: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
+def empty_rollout_output(batch: TensorDict, cfg: LLMRolloutConfig) -> TensorDict:
     """A zero-sample batch with every key the node writes (shapes (0, P), (0, R), ...)."""
     out = repeat_interleave(batch, cfg.n)
     prompt = torch.zeros(0, cfg.max_prompt_length, dtype=torch.long)
@@ -299,7 +299,7 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     """
     cfg: LLMRolloutConfig = ctx.node_config
     if batch_len(batch) == 0:
-        return _empty_output(batch, cfg)
+        return empty_rollout_output(batch, cfg)
     policy = ctx.models[cfg.model]
     tokenizer = policy.tokenizer
     prompt_sample_ids = batch[K.SAMPLE_ID].long()
@@ -311,13 +311,30 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     out = repeat_interleave(batch, cfg.n)
     out[K.PROMPT_IDS] = prompt_ids.repeat_interleave(cfg.n, dim=0)
     out[K.PROMPT_MASK] = prompt_mask.repeat_interleave(cfg.n, dim=0)
+    respond(ctx, policy, out, encoded, cfg)
+    out[K.GROUP_ID] = prompt_sample_ids.repeat_interleave(cfg.n)
+    out[K.SAMPLE_ID] = out[K.GROUP_ID] * cfg.n + torch.arange(cfg.n).repeat(batch_len(batch))
+    return out
+
+
+def respond(
+    ctx: Any, policy: Any, out: TensorDict, prompts: list[list[int]], cfg: LLMRolloutConfig
+) -> None:
+    """Sample one response per row of ``out`` and score it with the policy.
+
+    Args:
+        out: N rows with PROMPT_IDS/PROMPT_MASK (N, P), each prompt's ``cfg.n`` rows
+            consecutive; gets RESPONSE_IDS (N, R), RESPONSE_MASK/OLD_LOGPROBS (N, R) float32
+            and RESPONSE_TEXT.
+        prompts: the N / n distinct prompts' token ids without padding (vLLM's input).
+    """
     # Sampling is reproducible from the step seed; the CPU RNG is restored afterwards so
     # that this node does not shift the random draws of nodes that run after it.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("generate"))
         if cfg.backend == "vllm":
             # Before gathering: pushing a sharded policy gathers it tensor by tensor.
-            generated, engine_logprobs = _generate_vllm(ctx, policy, out, encoded, cfg)
+            generated, engine_logprobs = _generate_vllm(ctx, policy, out, prompts, cfg)
             with gathered_for_inference(policy):
                 score_responses(policy, generated, cfg)
         else:
@@ -333,12 +350,9 @@ def llm_rollout(ctx: Any, batch: TensorDict) -> TensorDict:
     set_strings(
         out,
         K.RESPONSE_TEXT,
-        _decode(tokenizer, generated[K.RESPONSE_IDS], generated[K.RESPONSE_MASK]),
+        _decode(policy.tokenizer, generated[K.RESPONSE_IDS], generated[K.RESPONSE_MASK]),
     )
-    out[K.GROUP_ID] = prompt_sample_ids.repeat_interleave(cfg.n)
-    out[K.SAMPLE_ID] = out[K.GROUP_ID] * cfg.n + torch.arange(cfg.n).repeat(batch_len(batch))
     _log_metrics(ctx, generated[K.RESPONSE_MASK])
-    return out
 
 
 class _EngineHandle:

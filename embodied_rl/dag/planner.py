@@ -103,6 +103,13 @@ def format_plan(dag: DagSpec, plans: list[WorkerPlan]) -> str:
         lines.append(
             f"branch {name}: workers {list(ranks)}, nodes {', '.join(members)} (metrics {name}/...)"
         )
+    for agent in dict.fromkeys(n.agent for n in dag.nodes if n.agent is not None):
+        members = [n for n in dag.nodes if n.agent == agent]
+        ranks = sorted({r for n in members for r in n.layout.ranks})
+        lines.append(
+            f"agent {agent}: workers {ranks}, nodes {', '.join(n.id for n in members)} "
+            f"(batch fields {agent}/..., metrics {agent}/...)"
+        )
     return "\n".join(lines)
 
 

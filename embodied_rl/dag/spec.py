@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from embodied_rl import keys as K
 from embodied_rl.dag.node_type import NodeConfigError, NodeType
 from embodied_rl.data.layout import Layout
 from embodied_rl.registry import NODE_TYPES
 
-NODE_FIELDS = ("id", "type", "deps", "config", "parallel", "branch")
+NODE_FIELDS = ("id", "type", "deps", "config", "parallel", "branch", "agent")
 PARALLEL_FIELDS = ("workers", "num_workers", "tp")
 BRANCH_FIELDS = ("workers", "num_workers")
 
@@ -47,7 +48,12 @@ class DagValidationError(ValueError):
 
 @dataclass
 class NodeSpec:
-    """One validated DAG node."""
+    """One validated DAG node.
+
+    ``agent``: the agent of a multi-agent DAG this node acts for (``None``: the node serves
+    no single agent). Its ``reads``/``writes`` are already in the agent's namespace
+    (``tens/response_ids``); the node function itself sees plain keys (the executor maps them).
+    """
 
     id: str
     type: NodeType
@@ -58,6 +64,7 @@ class NodeSpec:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     branch: str | None = None
+    agent: str | None = None
 
 
 @dataclass
@@ -270,6 +277,10 @@ def _branch_layout(
     return own
 
 
+def _valid_agent_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(name.strip()) and K.AGENT_SEPARATOR not in name
+
+
 def _parse_deps(node_id: str, raw: Any, issues: list[DagIssue]) -> tuple[str, ...]:
     """``deps`` as node ids: a list of ids, one id, or nothing."""
     if raw is None:
@@ -370,7 +381,17 @@ def _parse_nodes(
             layout = _branch_layout(node_id, branch, own, branches, issues)
             if layout is None:
                 continue
-        nodes.append(NodeSpec(node_id, node_type, deps, config, layout, branch=branch))
+        agent = raw.get("agent")
+        if agent is not None and not _valid_agent_name(agent):
+            issues.append(
+                DagIssue(
+                    node_id,
+                    f"agent must be a name without {K.AGENT_SEPARATOR!r}, got {agent!r}",
+                    "write e.g. agent: tens",
+                )
+            )
+            continue
+        nodes.append(NodeSpec(node_id, node_type, deps, config, layout, branch=branch, agent=agent))
     return nodes, seen
 
 
@@ -466,29 +487,37 @@ def _check_reachable(order: list[NodeSpec], issues: list[DagIssue]) -> None:
             issues.append(DagIssue(node.id, "unreachable: no source node feeds it", feed))
 
 
+def _resolve_keys(order: list[NodeSpec]) -> dict[str, list[str]]:
+    """Set each node's ``reads``/``writes`` (an agent's per-agent fields in its namespace);
+    returns every key's writers (node ids, in order)."""
+    every_writer: dict[str, list[str]] = {}
+    for node in order:
+        node.reads = tuple(K.key_of_agent(node.agent, k) for k in node.type.read_keys(node.config))
+        node.writes = tuple(
+            K.key_of_agent(node.agent, k) for k in node.type.write_keys(node.config)
+        )
+        for key in node.writes:
+            every_writer.setdefault(key, []).append(node.id)
+    return every_writer
+
+
 def _check_batches_and_keys(order: list[NodeSpec], issues: list[DagIssue]) -> None:
     """Propagate global batch sizes and available keys along the DAG, checking each node."""
+    every_writer = _resolve_keys(order)
     available: dict[str, set[str]] = {}
+    writers: dict[str, list[NodeSpec]] = {}  # key -> the nodes before this one writing it
     for node in order:
-        node.reads = node.type.read_keys(node.config)
-        node.writes = node.type.write_keys(node.config)
         upstream: set[str] = set()
         for dep in node.deps:
             upstream |= available.get(dep, set())
         missing = [k for k in node.reads if k not in upstream]
         if missing and not node.type.source:
-            issues.append(
-                DagIssue(
-                    node.id,
-                    f"reads {missing} but no upstream node writes {'it' if len(missing) == 1 else 'them'}",
-                    "add a dep on a node that writes these keys, or change the node type"
-                    + (
-                        " or its config (what it reads depends on it)"
-                        if callable(node.type.reads)
-                        else ""
-                    ),
-                )
-            )
+            _report_missing_reads(node, missing, every_writer, issues)
+        if node.agent is not None:
+            _check_agent_inputs(node, upstream, writers, issues)
+        _check_agent_writers(node, writers, issues)
+        for key in node.writes:
+            writers.setdefault(key, []).append(node)
         available[node.id] = upstream | set(node.writes)
         node.global_batch = _global_batch(node, order, issues)
         if node.global_batch is not None and node.global_batch % node.layout.dp_size:
@@ -499,6 +528,103 @@ def _check_batches_and_keys(order: list[NodeSpec], issues: list[DagIssue]) -> No
                     f"data-parallel size {node.layout.dp_size}",
                     f"make the batch size a multiple of {node.layout.dp_size} or change the "
                     "node's workers/tp",
+                )
+            )
+
+
+def _report_missing_reads(
+    node: NodeSpec,
+    missing: list[str],
+    every_writer: Mapping[str, list[str]],
+    issues: list[DagIssue],
+) -> None:
+    """One issue for the keys ``node`` reads that nothing upstream writes; an agent's output
+    that does not reach it gets its own issue naming the agent."""
+    plain = [k for k in missing if K.owning_agent(k) is None]
+    if plain:
+        issues.append(
+            DagIssue(
+                node.id,
+                f"reads {plain} but no upstream node writes {'it' if len(plain) == 1 else 'them'}",
+                "add a dep on a node that writes these keys, or change the node type"
+                + (
+                    " or its config (what it reads depends on it)"
+                    if callable(node.type.reads)
+                    else ""
+                ),
+            )
+        )
+    reader = f"(agent {node.agent!r}) " if node.agent is not None else ""
+    for key in missing:
+        agent = K.owning_agent(key)
+        if agent is None:
+            continue
+        elsewhere = every_writer.get(key, [])
+        why = (
+            f"only {elsewhere} write(s) it, which do(es) not run before this node"
+            if elsewhere
+            else f"no node of agent {agent!r} writes it"
+        )
+        issues.append(
+            DagIssue(
+                node.id,
+                f"{reader}reads {key!r}, an output of agent {agent!r}, but {why}",
+                f"depend on the node of agent {agent!r} that writes it (an agent sees only "
+                "agents that acted before it), or fix the agent's name in the config",
+            )
+        )
+
+
+def _check_agent_inputs(
+    node: NodeSpec,
+    upstream: set[str],
+    writers: Mapping[str, list[NodeSpec]],
+    issues: list[DagIssue],
+) -> None:
+    """An agent's node must not be handed per-agent fields that belong to no agent: it would
+    not know whose they are (it reads its own under ``<agent>/``)."""
+    stray = sorted(upstream & K.AGENT_FIELDS)
+    if stray:
+        sources = sorted({n.id for k in stray for n in writers.get(k, [])})
+        issues.append(
+            DagIssue(
+                node.id,
+                f"(agent {node.agent!r}) is handed the per-agent field(s) {stray} that belong "
+                f"to no agent (written by {sources})",
+                "give the node(s) writing them an agent (agent: <name>), or stop writing them "
+                "there (e.g. drop data.prompts' tokenizer_model: each agent's rollout "
+                "tokenises its own prompt)",
+            )
+        )
+
+
+def _check_agent_writers(
+    node: NodeSpec, writers: Mapping[str, list[NodeSpec]], issues: list[DagIssue]
+) -> None:
+    """Two agents writing one key (e.g. both starting GRPO groups), or an agent that acts
+    twice (two rollouts of one agent), would overwrite each other's outputs silently."""
+    if node.agent is None:
+        return
+    for key in node.writes:
+        others = [n for n in writers.get(key, []) if n.agent is not None]
+        other_agents = sorted({n.agent for n in others} - {node.agent})
+        if other_agents:
+            issues.append(
+                DagIssue(
+                    node.id,
+                    f"(agent {node.agent!r}) writes {key!r}, which agent {other_agents[0]!r} "
+                    f"already writes (node {others[0].id!r})",
+                    "let one agent write it: a later agent continues the earlier agents' "
+                    "samples (type rollout.llm_agent writes no group or sample ids)",
+                )
+            )
+        elif others and key == K.agent_key(node.agent, K.RESPONSE_IDS):
+            issues.append(
+                DagIssue(
+                    node.id,
+                    f"acts a second time for agent {node.agent!r} (node {others[0].id!r} "
+                    "already writes its responses)",
+                    "give each agent one rollout node; a new agent needs a name of its own",
                 )
             )
 

@@ -100,3 +100,27 @@ def repeat_interleave(batch: TensorDict, n: int) -> TensorDict:
     """Each sample repeated ``n`` times in place: rows ``[a, a, b, b]`` for ``n=2``."""
     index = torch.arange(batch_len(batch)).repeat_interleave(n)
     return take(batch, index)
+
+
+def rename_keys(batch: TensorDict, names: Mapping[str, str]) -> TensorDict:
+    """``batch`` (in place) with each present key ``old`` of ``names`` renamed to ``new``."""
+    for old, new in names.items():
+        if old in batch.keys():
+            batch.rename_key_(old, new)
+    return batch
+
+
+def agent_view(batch: TensorDict | None, agent: str) -> TensorDict | None:
+    """What a node of ``agent`` gets: a shallow copy of ``batch`` where the agent's own
+    per-agent fields (``tens/response_ids``) appear under their plain names
+    (``response_ids``); other agents' fields and shared fields are unchanged."""
+    if batch is None:
+        return None
+    own = {K.agent_key(agent, key): key for key in K.AGENT_FIELDS}
+    return rename_keys(batch.clone(recurse=False), own)
+
+
+def from_agent_view(batch: TensorDict, agent: str) -> TensorDict:
+    """The inverse of :func:`agent_view` on a node's output: the plain per-agent fields it
+    holds (read or written by the node) go back into the agent's namespace."""
+    return rename_keys(batch, {key: K.agent_key(agent, key) for key in K.AGENT_FIELDS})

@@ -10,6 +10,7 @@ from embodied_rl.nodes import (  # noqa: F401
     evaluation,
     faults,
     filters,
+    marft,
     rewards,
     sft,
     srpo,

@@ -177,7 +177,16 @@ SECTIONS = {
 }
 # Sections that DAG nodes read through interpolation (``config: ${rollout}``); a key of them
 # that no interpolation refers to would be silently ignored, so it is an error.
-NODE_FED_SECTIONS = ("data", "rollout", "reward", "algorithm", "simulator", "encoder", "srpo")
+NODE_FED_SECTIONS = (
+    "data",
+    "rollout",
+    "reward",
+    "algorithm",
+    "simulator",
+    "encoder",
+    "srpo",
+    "agents",  # per-agent settings of a multi-agent DAG (e.g. each agent's workers)
+)
 TOP_LEVEL = (
     {f.name for f in fields(RunOptions)}
     | set(SECTIONS)

@@ -103,16 +103,25 @@ class MetricSink:
         return records
 
 
-class BranchMetrics:
-    """The view of a worker's :class:`MetricSink` that a node of a DAG branch logs through:
-    every name gets the branch's prefix (``llm/reward/mean``), so two branches that log the
-    same metric names in one job keep them apart."""
+class PrefixedMetrics:
+    """The view of a worker's :class:`MetricSink` that a node of a DAG branch or of an agent
+    logs through: every name gets the prefix (``llm/reward/mean``, ``tens/actor/pg_loss``),
+    so two branches or agents that log the same metric names in one job keep them apart."""
 
-    def __init__(self, sink: MetricSink, branch: str) -> None:
-        self.sink, self.prefix = sink, f"{branch}/"
+    def __init__(self, sink: MetricSink, prefix: str) -> None:
+        self.sink, self.prefix = sink, prefix
 
     def log(self, name: str, value: float, weight: float = 1.0, reduce: str = "mean") -> None:
         self.sink.log(self.prefix + name, value, weight, reduce)
+
+
+def node_metrics(
+    sink: MetricSink, branch: str | None, agent: str | None
+) -> MetricSink | PrefixedMetrics:
+    """Where a node logs: the worker's sink, under ``<branch>/`` and ``<agent>/`` when the
+    node belongs to a branch or an agent (``llm/tens/actor/pg_loss``)."""
+    prefix = "".join(f"{part}/" for part in (branch, agent) if part is not None)
+    return PrefixedMetrics(sink, prefix) if prefix else sink
 
 
 def _combine(a: float, wa: float, b: float, wb: float, reduce: str) -> tuple[float, float]:
@@ -162,7 +171,7 @@ class NodeContext:
     models: Any
     state: dict[str, Any]
     step: int
-    metrics: MetricSink | BranchMetrics
+    metrics: MetricSink | PrefixedMetrics
     device: torch.device
     run_dir: Path
     shared: dict[str, Any] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 
 from embodied_rl.dag.planner import RunNode, Transfer, WorkerPlan
 from embodied_rl.dag.spec import DagSpec
-from embodied_rl.data.batch import merge
+from embodied_rl.data.batch import agent_view, from_agent_view, merge
 from embodied_rl.data.databuffer import redistribute
 from embodied_rl.data.transport import TransferStats
 from embodied_rl.runtime.context import MetricSink, NodeContext, RunStopped, raise_if_stopping
@@ -144,7 +144,10 @@ class PlanExecutor:
         raise_if_stopping(ctx.shared, f"step {step} before node {node_id!r}")
         started = time.perf_counter()
         try:
-            out = node.type.fn(ctx, batch)
+            if node.agent is None:
+                out = node.type.fn(ctx, batch)
+            else:  # the node works on plain keys; the batch holds the agent's under its name
+                out = from_agent_view(node.type.fn(ctx, agent_view(batch, node.agent)), node.agent)
         except RunStopped:
             raise  # not a failure of the node: the driver is stopping the run
         except Exception as err:

@@ -30,10 +30,10 @@ from embodied_rl.metrics import RunLogger, reduce_records
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import (
     STOP_REQUESTED,
-    BranchMetrics,
     MetricSink,
     NodeContext,
     StopFlag,
+    node_metrics,
 )
 from embodied_rl.runtime.executor import NodeFailure, PlanExecutor
 from embodied_rl.runtime.memory import memory_mb
@@ -156,7 +156,7 @@ class DAGWorker:
             state=state,
             shared=self.shared,
             step=0,
-            metrics=self.sink if node.branch is None else BranchMetrics(self.sink, node.branch),
+            metrics=node_metrics(self.sink, node.branch, node.agent),
             device=self.device,
             run_dir=self.run_dir,
             seed_fn=self._seed_for,

@@ -351,3 +351,107 @@ def test_bad_branches_are_refused_naming_the_branch_or_node_and_the_fix():
     ]
     errors = branch_issues(branch_nodes("a", "llm"), {"llm": {"workers": [0, 5]}})
     assert errors[0].startswith("branch 'llm': placed on workers [0, 5] but the run has only 4")
+
+
+# ----------------------------------------------------------------------------- agents
+def marft_nodes() -> list[dict]:
+    """The marft_llm DAG (two agents, tens on worker 0 and units on worker 1) as plain data."""
+    from omegaconf import OmegaConf
+
+    import rollout  # noqa: F401  (registers rollout.llm and rollout.llm_agent)
+    from embodied_rl.runtime.config import compose
+
+    cfg = compose("marft_llm")
+    return OmegaConf.to_container(cfg.dag.nodes, resolve=True)
+
+
+def node_of(nodes: list[dict], node_id: str) -> dict:
+    return next(n for n in nodes if n["id"] == node_id)
+
+
+def test_agent_nodes_read_and_write_in_their_agents_namespace():
+    dag = validate_dag(marft_nodes(), 2)
+    units = dag.by_id["units_rollout"]
+    assert units.agent == "units" and units.layout.ranks == (1,)
+    assert "tens/response_text" in units.reads and K.PROMPT_TEXT in units.reads
+    assert "units/response_ids" in units.writes and "units/old_logprobs" in units.writes
+    # The later agent continues the first agent's episodes: it writes no group ids.
+    assert K.GROUP_ID not in units.writes and K.GROUP_ID in dag.by_id["tens_rollout"].writes
+    train = dag.by_id["tens_train"]
+    assert "tens/advantages" in train.reads and "tens/response_ids" in train.reads
+    assert dag.by_id["advantage"].writes == (
+        "tens/advantages",
+        "tens/returns",
+        "units/advantages",
+        "units/returns",
+    )
+
+
+def test_an_agent_reading_an_output_no_earlier_agent_writes_is_refused():
+    typo = marft_nodes()
+    node_of(typo, "units_rollout")["config"]["sees"] = ["tns"]
+    assert issues_of(typo) == [
+        "node 'units_rollout': (agent 'units') reads 'tns/response_text', an output of agent "
+        "'tns', but no node of agent 'tns' writes it. Fix: depend on the node of agent 'tns' "
+        "that writes it (an agent sees only agents that acted before it), or fix the agent's "
+        "name in the config"
+    ]
+    # The tens agent cannot see the units agent: units acts after it.
+    backwards = marft_nodes()
+    node_of(backwards, "tens_rollout").update(type="rollout.llm_agent")
+    node_of(backwards, "tens_rollout")["config"].update(n=1, sees=["units"])
+    problems = issues_of(backwards)
+    assert (
+        "node 'tens_rollout': (agent 'tens') reads 'units/response_text', an output of agent "
+        "'units', but only ['units_rollout'] write(s) it, which do(es) not run before this node"
+    ) in problems[0]
+
+
+def test_two_agents_writing_one_key_are_refused():
+    both_group = marft_nodes()
+    units = node_of(both_group, "units_rollout")
+    units["type"] = "rollout.llm"  # samples n groups of its own: rewrites the group ids
+    for key in ("sees", "prompt_template"):
+        units["config"].pop(key, None)
+    problems = issues_of(both_group)
+    assert problems[0] == (
+        "node 'units_rollout': (agent 'units') writes 'group_id', which agent 'tens' already "
+        "writes (node 'tens_rollout'). Fix: let one agent write it: a later agent continues "
+        "the earlier agents' samples (type rollout.llm_agent writes no group or sample ids)"
+    )
+    twice = marft_nodes()
+    node_of(twice, "units_rollout")["agent"] = "tens"
+    assert (
+        "node 'units_rollout': acts a second time for agent 'tens' (node 'tens_rollout' "
+        "already writes its responses). Fix: give each agent one rollout node; a new agent "
+        "needs a name of its own"
+    ) in issues_of(twice)
+
+
+def test_per_agent_fields_of_no_agent_and_bad_agent_names_are_refused():
+    stray = marft_nodes()
+    node_of(stray, "tens_rollout").pop("agent")  # its responses belong to no agent now
+    problems = issues_of(stray)
+    assert any(
+        p.startswith("node 'units_rollout': (agent 'units') is handed the per-agent field(s) ")
+        and "written by ['tens_rollout']" in p
+        for p in problems
+    ), problems
+    slash = marft_nodes()
+    node_of(slash, "tens_values")["agent"] = "tens/critic"
+    assert issues_of(slash) == [
+        "node 'tens_values': agent must be a name without '/', got 'tens/critic'. Fix: write "
+        "e.g. agent: tens"
+    ]
+
+
+def test_an_agent_rollout_config_that_cannot_work_is_refused():
+    for config, message in (
+        ({"n": 4, "sees": ["tens"]}, "n must be 1 (got 4)"),
+        ({"sees": ["tens"], "prompt_template": "{prompt}{units}"}, "names ['units']"),
+        ({"sees": ["tens"], "prompt_template": "{prompt}"}, "never shows them"),
+    ):
+        nodes = marft_nodes()
+        node_of(nodes, "units_rollout")["config"].update(config)
+        (problem,) = issues_of(nodes)
+        assert problem.startswith("node 'units_rollout': config: ") and message in problem
