@@ -591,9 +591,8 @@ def _check_agent_inputs(
                 node.id,
                 f"(agent {node.agent!r}) is handed the per-agent field(s) {stray} that belong "
                 f"to no agent (written by {sources})",
-                "give the node(s) writing them an agent (agent: <name>), or stop writing them "
-                "there (e.g. drop data.prompts' tokenizer_model: each agent's rollout "
-                "tokenises its own prompt)",
+                f"give {sources[0]!r} (and any other node writing them) the agent they "
+                "belong to (agent: <name>)",
             )
         )
 

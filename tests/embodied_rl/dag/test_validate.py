@@ -432,11 +432,12 @@ def test_per_agent_fields_of_no_agent_and_bad_agent_names_are_refused():
     stray = marft_nodes()
     node_of(stray, "tens_rollout").pop("agent")  # its responses belong to no agent now
     problems = issues_of(stray)
-    assert any(
-        p.startswith("node 'units_rollout': (agent 'units') is handed the per-agent field(s) ")
-        and "written by ['tens_rollout']" in p
-        for p in problems
-    ), problems
+    assert (
+        "node 'units_rollout': (agent 'units') is handed the per-agent field(s) ['old_logprobs', "
+        "'prompt_ids', 'prompt_mask', 'response_ids', 'response_mask', 'response_text'] that "
+        "belong to no agent (written by ['tens_rollout']). Fix: give 'tens_rollout' (and any "
+        "other node writing them) the agent they belong to (agent: <name>)"
+    ) in problems, problems
     slash = marft_nodes()
     node_of(slash, "tens_values")["agent"] = "tens/critic"
     assert issues_of(slash) == [
