@@ -8,6 +8,10 @@ message, and that message is appended through the chat template. A conversation 
 environment says done, after ``max_turns`` model turns, or when the next environment message
 plus a full model turn would not fit the token budget ``max_response_length`` (truncated).
 
+With ``conversation_format: plain`` (base models, and tiny ones that cannot yet follow a
+chat template) there is no template: the prompt's tokens open the conversation, the model's
+turn follows them directly, and each environment turn is ``plain_separator`` + its message.
+
 Tokens in, tokens out: a conversation is kept as token ids, and each turn is generated from
 exactly the ids the trainer will later score, so no re-tokenisation can make the log-probs of
 rollout and training disagree. The model's own tokens (its EOS included) are appended as it
@@ -50,6 +54,8 @@ from rollout.llm import (
 )
 from rollout.vllm_engine import VLLMOptions
 
+CONVERSATION_FORMATS = ("chat", "plain")
+
 
 @dataclass
 class MultiTurnRolloutConfig:
@@ -62,6 +68,12 @@ class MultiTurnRolloutConfig:
         env_options: keyword arguments of the environment's constructor.
         env_role: the chat role of the environment's messages (``user``; or ``tool`` where
             the template knows it).
+        conversation_format: ``chat`` renders the conversation with the tokenizer's chat
+            template (instruction-tuned models); ``plain`` writes it as plain text, as a base
+            model reads a document: the prompt, the model's turn right after it, then
+            ``plain_separator`` and the environment's message, the model's next turn right
+            after that, and so on (``say 4`` / ``4`` / ``\nsay 8`` / ``8`` ...).
+        plain_separator: what precedes each environment message in the ``plain`` format.
         max_turns: U, the most model turns of a conversation.
         max_turn_tokens: tokens the model may generate per turn (its EOS included).
         max_prompt_length: P; the opening prompt through the chat template must fit.
@@ -78,6 +90,8 @@ class MultiTurnRolloutConfig:
     env: str = "running_sum"
     env_options: dict[str, Any] = field(default_factory=dict)
     env_role: str = "user"
+    conversation_format: str = "chat"
+    plain_separator: str = "\n"
     max_turns: int = 3
     max_turn_tokens: int = 4
     max_prompt_length: int = 32
@@ -101,6 +115,11 @@ class MultiTurnRolloutConfig:
                 "micro_batch_size",
             ),
         )
+        if self.conversation_format not in CONVERSATION_FORMATS:
+            raise ValueError(
+                f"conversation_format must be one of {list(CONVERSATION_FORMATS)}, got "
+                f"{self.conversation_format!r}"
+            )
         if self.max_response_length < self.max_turn_tokens:
             raise ValueError(
                 f"max_response_length ({self.max_response_length}) is the budget of the whole "
@@ -191,10 +210,14 @@ def open_conversation(
     tokenizer: Any, episode: TextEpisode, prompt: str, sample_id: int, cfg: MultiTurnRolloutConfig
 ) -> Conversation:
     messages = [{"role": "user", "content": prompt}]
-    tokens = encode(tokenizer, render(tokenizer, messages, generation_prompt=True))
+    if cfg.conversation_format == "plain":
+        tokens = encode(tokenizer, prompt)
+    else:
+        tokens = encode(tokenizer, render(tokenizer, messages, generation_prompt=True))
     if len(tokens) > cfg.max_prompt_length:
         raise ValueError(
-            f"prompt of sample {sample_id} is {len(tokens)} tokens through the chat template, "
+            f"prompt of sample {sample_id} is {len(tokens)} tokens through the "
+            f"{cfg.conversation_format} format, "
             f"more than max_prompt_length={cfg.max_prompt_length}; raise the rollout node's "
             "max_prompt_length or shorten the prompt"
         )
@@ -217,9 +240,12 @@ def take_model_turn(
     if len(conversation.turn_rewards) == cfg.max_turns:
         conversation.finish(truncated=True)
         return
-    env_ids = environment_turn_tokens(
-        tokenizer, conversation.messages, result.observation, cfg.env_role
-    )
+    if cfg.conversation_format == "plain":
+        env_ids = encode(tokenizer, cfg.plain_separator + result.observation)
+    else:
+        env_ids = environment_turn_tokens(
+            tokenizer, conversation.messages, result.observation, cfg.env_role
+        )
     if len(conversation.response) + len(env_ids) + cfg.max_turn_tokens > cfg.max_response_length:
         conversation.finish(truncated=True)
         return

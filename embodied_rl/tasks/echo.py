@@ -10,9 +10,12 @@ Each turn the environment names a number and the model must say it back::
 
 The number to say exists only in the environment's latest message, so a policy that ignores
 the environment turns scores about 1/11 per one-digit turn, while one that reads them can
-score 1. A tiny random-init model learns it by RL in minutes on a CPU, which makes it the
-check that multi-turn training works end to end (environment turns appended, masked out of
-the loss, attended to); ``running_sum`` is the harder task.
+score 1. With the conversation as plain text (``conversation_format: plain``) a tiny
+random-init model learns it by RL in minutes on a CPU (all three turns right in 0.99 of the
+conversations after 60 steps, ``configs/grpo_multiturn_llm.yaml``), which makes it the check
+that multi-turn training works end to end (environment turns appended, masked out of the
+loss, attended to). Through a chat template the digit sits several template tokens back and
+the same model stays near chance; ``running_sum`` is the harder task.
 
 Data rows: ``prompt`` is ``"say <first number>"`` and ``answer`` the numbers of every turn,
 space-separated (``"4 19 7"``). Each turn's reward is 1 for the exact number, else 0; the

@@ -192,6 +192,33 @@ def test_conversation_tokens_mask_and_rewards_replay(policy):
     )
 
 
+def test_plain_format_is_the_prompt_then_turns_and_separated_environment_messages(policy):
+    """conversation_format plain: no template; the tokens are exactly the prompt's, each
+    model turn's, and plain_separator + each environment message's, in order."""
+    out, _ = rollout_of(policy, n=2, conversation_format="plain", plain_separator=" | ")
+    tokenizer = policy.tokenizer
+    prompts, answers = strings(out, K.PROMPT_TEXT), strings(out, K.ANSWER_TEXT)
+    assert int((out[K.NUM_TURNS] > 1).sum()) >= 3  # environment messages were appended
+    for row in range(batch_len(out)):
+        prompt = out[K.PROMPT_IDS][row][out[K.PROMPT_MASK][row] > 0].tolist()
+        assert prompt == tokenizer(prompts[row], add_special_tokens=False)["input_ids"]
+        mask = out[K.RESPONSE_MASK][row].tolist()
+        response = out[K.RESPONSE_IDS][row].tolist()
+        spans = _turn_spans(mask)
+        episode = RunningSum().start(prompts[row], answers[row])
+        expected: list[int] = []
+        for k, (a, b) in enumerate(spans):
+            expected += response[a:b]
+            reply = episode.step(tokenizer.decode(response[a:b], skip_special_tokens=True))
+            if k + 1 < len(spans):
+                expected += tokenizer(" | " + reply.observation, add_special_tokens=False)[
+                    "input_ids"
+                ]
+        assert response[: spans[-1][1]] == expected
+    with pytest.raises(ValueError, match="conversation_format must be one of"):
+        MultiTurnRolloutConfig(conversation_format="markdown")
+
+
 def test_old_logprobs_equal_turn_by_turn_scores_of_unpadded_contexts(policy):
     """OLD_LOGPROBS come from one padded pass over prompt + whole conversation; each model
     token's log-prob must equal the one the model gives it with only its own context (no

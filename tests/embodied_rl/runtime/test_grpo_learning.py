@@ -28,18 +28,19 @@ def test_grpo_llm_reward_rises_clearly(tmp_path):
     assert end > 2 * rewards[0], (rewards[0], end)
 
 
-def test_multiturn_grpo_raises_the_reward_of_every_turn(tmp_path):
-    """grpo_multiturn_llm: turns 2 and 3 are scored against totals that only the
-    environment's messages (the operand, and the corrected total) determine."""
-    cfg = compose("grpo_multiturn_llm", ["trainer.total_steps=40", f"run_dir={tmp_path}"])
+def test_multiturn_grpo_learns_to_answer_every_environment_turn(tmp_path):
+    """grpo_multiturn_llm (echo, plain text): each turn's digit exists only in the
+    environment's latest message, so a policy that ignores the environment's turns scores
+    about 1/11 on turns 2 and 3 and almost never gets all three right."""
+    cfg = compose("grpo_multiturn_llm", ["trainer.total_steps=30", f"run_dir={tmp_path}"])
     result = launch(cfg, show_progress=False)
     rows = [
         json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
     ]
-    assert len(rows) == 40 and all(r["rollout/turns"] > 2.5 for r in rows)
-    # Measured (seed 0): mean reward of each turn about 0.05 over the first 3 steps and
-    # 0.28-0.35 over steps 31-40.
-    for turn in ("reward/turn_1", "reward/turn_2", "reward/turn_3"):
-        values = [r[turn] for r in rows]
-        start, end = statistics.mean(values[:3]), statistics.mean(values[-10:])
-        assert end > start + 0.12, (turn, start, end, values)
+    assert len(rows) == 30 and all(r["rollout/turns"] == 3 for r in rows)
+    # Measured (seed 0, 2 CPU workers): each turn 0.20-0.25 over steps 1-3 -> 0.93-0.94 over
+    # steps 21-30; all three right (reward/final) 0.016 -> 0.82 (0.99 over steps 51-60).
+    for turn in ("reward/turn_2", "reward/turn_3"):
+        assert statistics.mean(r[turn] for r in rows[-5:]) > 0.6, (turn, rows[-5:])
+    final = [r["reward/final"] for r in rows]
+    assert statistics.mean(final[:3]) < 0.1 and statistics.mean(final[-5:]) > 0.5, final
