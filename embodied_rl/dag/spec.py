@@ -606,13 +606,13 @@ def _check_agent_writers(
         return
     for key in node.writes:
         others = [n for n in writers.get(key, []) if n.agent is not None]
-        other_agents = sorted({n.agent for n in others} - {node.agent})
-        if other_agents:
+        other_agent = next((n for n in others if n.agent != node.agent), None)
+        if other_agent is not None:
             issues.append(
                 DagIssue(
                     node.id,
-                    f"(agent {node.agent!r}) writes {key!r}, which agent {other_agents[0]!r} "
-                    f"already writes (node {others[0].id!r})",
+                    f"(agent {node.agent!r}) writes {key!r}, which agent {other_agent.agent!r} "
+                    f"already writes (node {other_agent.id!r})",
                     "let one agent write it: a later agent continues the earlier agents' "
                     "samples (type rollout.llm_agent writes no group or sample ids)",
                 )
