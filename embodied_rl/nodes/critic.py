@@ -188,7 +188,7 @@ def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     advantages, returns = gae(_token_rewards(batch, cfg), batch[K.VALUES], mask, cfg.gamma, cfg.lam)
     # [sum A, sum A^2, n] over the dp group: 3 numbers, not tokens (on the device: NCCL/HCCL).
     moments = ctx.all_reduce_sum(masked_moments(advantages, mask).to(ctx.device)).cpu()
-    _log_advantage_moments(ctx, moments)
+    log_moments(ctx, moments, "advantage/raw_mean", "advantage/raw_std")
     if cfg.whiten:
         advantages = whiten_with_moments(advantages, mask, moments, eps=cfg.eps)
     batch[K.ADVANTAGES] = advantages
@@ -196,15 +196,16 @@ def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     return batch
 
 
-def _log_advantage_moments(ctx: NodeContext, moments: torch.Tensor) -> None:
-    """Global mean and std of the raw (unwhitened) advantages; every rank holds the same."""
+def log_moments(ctx: NodeContext, moments: torch.Tensor, mean_name: str, std_name: str) -> None:
+    """Log the mean and (population) std that global :func:`masked_moments` give; every rank
+    holds the same numbers, so ``reduce="max"`` keeps them as they are."""
     total, total_sq, count = moments.tolist()
     if count <= 0:
         return
     mean = total / count
     var = max(total_sq / count - mean * mean, 0.0)
-    ctx.metrics.log("advantage/raw_mean", mean, reduce="max")
-    ctx.metrics.log("advantage/raw_std", var**0.5, reduce="max")
+    ctx.metrics.log(mean_name, mean, reduce="max")
+    ctx.metrics.log(std_name, var**0.5, reduce="max")
 
 
 # --------------------------------------------------------------------------- critic.train

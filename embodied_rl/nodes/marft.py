@@ -24,6 +24,7 @@ from embodied_rl.algorithms.marft import (
     team_reward_on_last_agent,
 )
 from embodied_rl.dag.node_type import register_node
+from embodied_rl.nodes.critic import log_moments
 from embodied_rl.runtime.context import NodeContext
 
 
@@ -72,8 +73,8 @@ def _writes(cfg: MarftAdvantageConfig) -> tuple[str, ...]:
 def marft_advantage_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """Per-agent ADVANTAGES and RETURNS (B, R_k) by agent-level GAE over the acting order.
 
-    Logs ``marft/<agent>/value`` (mean V_k), ``marft/<agent>/advantage_raw`` (mean A_k
-    before whitening) and ``marft/<agent>/advantage_std``.
+    Logs ``marft/<agent>/value`` and ``value_std`` (V_k over the global batch), and
+    ``marft/<agent>/advantage_raw`` and ``advantage_std`` (A_k before whitening).
     """
     cfg: MarftAdvantageConfig = ctx.node_config
     values = torch.stack(
@@ -100,14 +101,10 @@ def _whitened(
     the agent's global mean value and raw advantage moments."""
     episodes = torch.ones_like(advantage)
     moments = ctx.all_reduce_sum(masked_moments(advantage, episodes).to(ctx.device)).cpu()
-    value_sum = ctx.all_reduce_sum(value.double().sum().reshape(1).to(ctx.device)).cpu()
-    total, total_sq, count = moments.tolist()
-    if count > 0:
-        mean = total / count
-        ctx.metrics.log(f"marft/{agent}/value", float(value_sum) / count, reduce="max")
-        ctx.metrics.log(f"marft/{agent}/advantage_raw", mean, reduce="max")
-        std = max(total_sq / count - mean * mean, 0.0) ** 0.5
-        ctx.metrics.log(f"marft/{agent}/advantage_std", std, reduce="max")
+    value_moments = ctx.all_reduce_sum(masked_moments(value[:, None], episodes).to(ctx.device))
+    prefix = f"marft/{agent}/"
+    log_moments(ctx, value_moments.cpu(), prefix + "value", prefix + "value_std")
+    log_moments(ctx, moments, prefix + "advantage_raw", prefix + "advantage_std")
     if not cfg.whiten:
         return advantage
     return whiten_with_moments(advantage, episodes, moments, eps=cfg.eps)
