@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied_rl.checks import check_range
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -257,8 +259,7 @@ def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 def prune(ckpt_root: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the newest ``keep_last`` sealed checkpoints; returns the deleted dirs."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    check_range("keep_last", keep_last, 1)
     doomed = [path for _, path in _complete_checkpoints(Path(ckpt_root))[keep_last:]]
     for path in doomed:
         shutil.rmtree(path)

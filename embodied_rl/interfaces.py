@@ -1,4 +1,4 @@
-"""The policy interfaces the core and the rollout nodes program against (DESIGN.md section 4).
+"""The policy interfaces the core and the rollout nodes program against (docs/ARCHITECTURE.md).
 
 Policies live in ``policies/`` and are never imported by the core; these protocols say what a
 policy object built through the registry must provide.

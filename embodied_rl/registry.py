@@ -1,7 +1,8 @@
 """Name -> object registries that let the core find components it never imports.
 
-``embodied_rl`` must not import ``policies``, ``simulators`` or ``rollout`` (DESIGN.md
-section 1). Those packages register their components here when imported; the core imports
+``embodied_rl`` must not import ``policies``, ``simulators`` or ``rollout``
+(docs/ARCHITECTURE.md, "Packages and import rules"). Those packages register their components
+here when imported; the core imports
 them by module name through :func:`load_plugins`, so no static import edge exists.
 """
 
@@ -57,7 +58,10 @@ class Registry:
 
 NODE_TYPES = Registry("node type")
 POLICIES = Registry("policy")
-TASKS = Registry("task")
+# Frozen video encoders of SRPO's ``encode.video`` (``builder(options, device) -> nn.Module``
+# with ``encode`` and ``embedding_dim``). A ``models.<name>.policy`` entry may name one: the
+# model store builds policies and encoders alike (:func:`model_builder`).
+VIDEO_ENCODERS = Registry("video encoder")
 SIMULATORS = Registry("simulator")
 # Text environments of multi-turn LLM rollouts (``rollout.llm_multiturn``): name -> a class
 # built with the node's ``env_options`` (``embodied_rl.interfaces.TextEnvironment``).
@@ -78,6 +82,29 @@ def load_plugins(modules: Iterable[str] = PLUGIN_MODULES) -> None:
             _loaded.add(name)
 
 
-def registered(registry: Registry, name: str) -> Callable[[Any], Any]:
-    """Decorator form: ``@registered(POLICIES, "causal_lm")``."""
-    return registry.register(name)
+MODEL_REGISTRIES: tuple[Registry, ...] = (POLICIES, VIDEO_ENCODERS)
+
+
+def is_model_name(name: str) -> bool:
+    """Whether ``models.<name>.policy: name`` names something the model store can build."""
+    return any(name in registry for registry in MODEL_REGISTRIES)
+
+
+def model_builder(name: str) -> Callable[..., Any]:
+    """The ``builder(options, device)`` of a registered policy or video encoder.
+
+    Raises:
+        UnknownNameError: naming the close matches and every known name of both registries.
+    """
+    for registry in MODEL_REGISTRIES:
+        if name in registry:
+            return registry.get(name)
+    raise UnknownNameError(unknown_model_message(name))
+
+
+def unknown_model_message(name: str) -> str:
+    """The error for a model name that no model registry holds (close matches, known names)."""
+    known = sorted(n for registry in MODEL_REGISTRIES for n in registry.names())
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown policy {name!r}.{hint} Known: {', '.join(known) or 'none'}."

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from embodied_rl.checks import check_range
+
 BACKGROUND = (24, 24, 24)  # caption/outcome band background
 TEXT_COLOR = (255, 255, 255)
 OUTCOME_COLORS = {"SUCCESS": (0, 170, 0), "FAILURE": (200, 0, 0)}
@@ -148,8 +150,7 @@ def frame_layout(
 ) -> FrameLayout:
     """The layout :func:`compose_frames` uses for ``(height, width)`` episode frames."""
     scale = auto_scale(height, width) if scale is None else int(scale)
-    if scale < 1:
-        raise ValueError(f"scale must be >= 1, got {scale}")
+    check_range("scale", scale, 1)
     full_width = _round_up(width * scale)
     font = default_font(full_width)
     lines = wrap_text(caption, font, full_width - 2 * _PAD) if caption is not None else []
@@ -227,8 +228,7 @@ def write_video(
     """
     import imageio.v2 as imageio
 
-    if fps < 1:
-        raise ValueError(f"fps must be >= 1, got {fps}")
+    check_range("fps", fps, 1)
     canvas = compose_frames(frames, caption, outcome, scale, outcome_frames=int(fps))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Video encoders for SRPO trajectory embeddings, and the ``encode.video`` node.
+"""Video encoders for SRPO trajectory embeddings (their node, ``encode.video``, is in
+``embodied_rl/nodes/encode.py``).
 
 An encoder maps a batch of padded episode videos to one vector per episode:
 ``encode(frames (B, T, H, W, 3) uint8, lengths (B,) int64) -> (B, D) float32``, where frames
@@ -6,9 +7,9 @@ at and after ``lengths[b]`` are padding. A length-0 episode (nothing recorded) g
 all-zero vector, which the SRPO reward treats as an invalid trajectory; every valid episode
 gets a non-zero vector.
 
-Encoders are frozen models, so they are registered in ``embodied_rl.registry.POLICIES``
-(builders ``(options, device) -> nn.Module``) and built by the worker's model store like any
-other frozen model; there is no separate encoder registry. Configure one as::
+Encoders are registered in ``embodied_rl.registry.VIDEO_ENCODERS`` (builders ``(options,
+device) -> nn.Module``) and built by the worker's model store like any other frozen model; the
+``encode.video`` node (``embodied_rl/nodes/encode.py``) calls them. Configure one as::
 
     models:
       video_encoder: {policy: video_encoder.vjepa2, trainable: false,
@@ -18,7 +19,7 @@ other frozen model; there is no separate encoder registry. Configure one as::
   local weights only, or a tiny random model for tests.
 - ``video_encoder.cheap``: a weight-free, deterministic encoder for CPU runs and tests.
 
-Frame sampling for both follows ALGORITHMS.md ("SRPO"): ``num_frames`` indices spread with
+Frame sampling for both follows docs/ALGORITHMS.md ("SRPO"): ``num_frames`` indices spread with
 linspace over the valid length, or the valid frames cycled when the episode is shorter.
 """
 
@@ -32,13 +33,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDict
 from torch import nn
 
-from embodied_rl import keys as K
-from embodied_rl.dag.node_type import register_node
-from embodied_rl.registry import POLICIES
-from embodied_rl.runtime.context import NodeContext
+from embodied_rl.checks import check_fields, check_range
+from embodied_rl.registry import VIDEO_ENCODERS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -54,8 +52,8 @@ def sample_frame_indices(length: int, num_frames: int) -> torch.Tensor:
     Returns:
         (num_frames,) int64 indices into the valid frames.
     """
-    if length < 1 or num_frames < 1:
-        raise ValueError(f"need length >= 1 and num_frames >= 1, got {length}, {num_frames}")
+    check_range("length", length, 1)
+    check_range("num_frames", num_frames, 1)
     steps = torch.arange(num_frames, dtype=torch.int64)
     if length < num_frames:
         return steps % length
@@ -156,10 +154,7 @@ class CheapEncoderOptions:
     grid: int = 8
 
     def __post_init__(self) -> None:
-        if self.num_frames < 1 or self.grid < 1:
-            raise ValueError(
-                f"num_frames and grid must be >= 1, got {self.num_frames}, {self.grid}"
-            )
+        check_fields(self, ("num_frames", "grid"), 1)
 
 
 class CheapVideoEncoder(VideoEncoder):
@@ -212,6 +207,7 @@ class CheapVideoEncoder(VideoEncoder):
         return torch.cat(parts, dim=1)
 
 
+@VIDEO_ENCODERS.register(CheapVideoEncoder.name)
 def build_cheap_encoder(options: Mapping[str, Any] | None, device: torch.device | str) -> nn.Module:
     """Registry builder of ``video_encoder.cheap``."""
     return CheapVideoEncoder(_options(CheapEncoderOptions, options, "video_encoder.cheap"), device)
@@ -247,8 +243,7 @@ class VJepa2EncoderOptions:
     def __post_init__(self) -> None:
         if (self.path is None) == (self.config is None):
             raise ValueError("video_encoder.vjepa2 needs exactly one of 'path' or 'config'")
-        if self.num_frames < 1 or self.crop_size < 1:
-            raise ValueError("num_frames and crop_size must be >= 1")
+        check_fields(self, ("num_frames", "crop_size"), 1)
         if self.resize_short < self.crop_size:
             raise ValueError(
                 f"resize_short ({self.resize_short}) must be >= crop_size ({self.crop_size})"
@@ -309,6 +304,7 @@ class VJepa2VideoEncoder(VideoEncoder):
         return out.last_hidden_state.float().mean(dim=1)  # mean over all tokens
 
 
+@VIDEO_ENCODERS.register(VJepa2VideoEncoder.name)
 def build_vjepa2_encoder(
     options: Mapping[str, Any] | None, device: torch.device | str
 ) -> nn.Module:
@@ -337,55 +333,4 @@ def build_vjepa2_encoder(
     return encoder
 
 
-POLICIES.register(CheapVideoEncoder.name, build_cheap_encoder)
-POLICIES.register(VJepa2VideoEncoder.name, build_vjepa2_encoder)
-
-
 # --- node -------------------------------------------------------------------------------------
-
-
-@dataclass
-class EncodeVideoConfig:
-    """Options of ``encode.video``.
-
-    Attributes:
-        model: name of the encoder in ``ctx.models`` (a ``video_encoder.*`` model).
-        micro_batch_size: episodes encoded per call (bounds the encoder's activations).
-    """
-
-    model: str = "video_encoder"
-    micro_batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-
-
-@register_node(
-    "encode.video",
-    reads=(K.FRAMES, K.FINISH_STEP),
-    writes=(K.TRAJ_EMBEDDING,),
-    config=EncodeVideoConfig,
-)
-def encode_video_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """TRAJ_EMBEDDING (B, D) float32 from FRAMES (B, T, H, W, 3) uint8.
-
-    Episode lengths are ``FINISH_STEP + 1`` frames (FINISH_STEP is the index of the last valid
-    step), clipped to ``[0, T]``; so ``FINISH_STEP = -1`` marks an episode without frames,
-    whose embedding is all zero. Success plays no part here.
-    """
-    cfg: EncodeVideoConfig = ctx.node_config
-    encoder = ctx.models[cfg.model]
-    frames = batch[K.FRAMES]
-    if K.FRAME_COUNT in batch.keys():  # frames recorded every k-th step
-        lengths = batch[K.FRAME_COUNT].long()
-    else:
-        lengths = batch[K.FINISH_STEP].long() + 1
-    parts = [
-        encoder.encode(frames[i : i + cfg.micro_batch_size], lengths[i : i + cfg.micro_batch_size])
-        for i in range(0, len(frames), cfg.micro_batch_size)
-    ]
-    dim = int(encoder.embedding_dim)
-    embedding = torch.cat(parts) if parts else torch.zeros(0, dim)
-    batch[K.TRAJ_EMBEDDING] = embedding.to(batch[K.FINISH_STEP].device)
-    return batch

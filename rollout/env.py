@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, make_batch, repeat_interleave
 from embodied_rl.registry import SIMULATORS
@@ -73,10 +74,9 @@ class EnvRolloutConfig:
     frame_stride: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.group_size, self.num_envs, self.frame_stride) < 1 or self.processes < 0:
-            raise ValueError("group_size, num_envs and frame_stride must be >= 1, processes >= 0")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        check_fields(self, ("group_size", "num_envs", "frame_stride"), 1)
+        check_range("processes", self.processes, 0)
+        check_range("temperature", self.temperature, 0, low_open=True)
 
 
 ROLLOUT_WRITES = (
@@ -86,17 +86,16 @@ ROLLOUT_WRITES = (
 
 
 def build_env(cfg: EnvRolloutConfig) -> Any:
-    """The vector env of this worker, through the simulators' registry."""
-    options = dict(cfg.simulator_options)
-    if cfg.processes > 0:
-        return SIMULATORS.get("processes")(cfg.simulator, options, cfg.num_envs, cfg.processes)
-    return SIMULATORS.get(cfg.simulator)(options, cfg.num_envs)
+    """The vector env of this worker, through the simulators' registry: in this process
+    (``processes`` 0) or in ``processes`` simulator processes."""
+    simulator = SIMULATORS.get(cfg.simulator)
+    return simulator(dict(cfg.simulator_options), cfg.num_envs, processes=cfg.processes)
 
 
 def setup_env(ctx: Any) -> None:
     """Build this worker's vector env, or take the one a rollout node of another DAG built
     with the same simulator, options, env count and processes (the training and the
-    evaluation rollout share one: a LIBERO env's scenes and renderer are about 1 GB)."""
+    evaluation rollout share one: a LIBERO env's scenes and renderer are large)."""
     cfg: EnvRolloutConfig = ctx.node_config
     options = json.dumps(dict(cfg.simulator_options), sort_keys=True, default=str)
     key = f"{ENV_STATE}/{cfg.simulator}/{options}/{cfg.num_envs}/{cfg.processes}"

@@ -18,6 +18,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, concat, repeat_interleave, strings
 from embodied_rl.devices import device_spec
@@ -84,15 +85,10 @@ def check_rollout_options(cfg: Any, positive: Sequence[str]) -> None:
     if cfg.backend not in BACKENDS:
         raise ValueError(f"unknown rollout backend {cfg.backend!r}; valid: {list(BACKENDS)}")
     for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"rollout {name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.temperature <= 0:
-        raise ValueError(
-            f"rollout temperature must be > 0, got {cfg.temperature}; "
-            "set do_sample: false for greedy decoding"
-        )
-    if not 0.0 < cfg.top_p <= 1.0:
-        raise ValueError(f"rollout top_p must be in (0, 1], got {cfg.top_p}")
+        check_range(f"rollout {name}", getattr(cfg, name), 1)
+    fix = "; set do_sample: false for greedy decoding"
+    check_range("rollout temperature", cfg.temperature, 0, low_open=True, fix=fix)
+    check_range("rollout top_p", cfg.top_p, 0, 1, low_open=True)
 
 
 def left_pad_prompts(

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from embodied_rl.checks import check_range
 from embodied_rl.shm import remove_orphans, shm_dir
 
 logger = logging.getLogger(__name__)
@@ -73,14 +74,8 @@ class VLLMOptions:
     start_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
-            raise ValueError(
-                f"rollout.vllm.memory_fraction must be in (0, 1], got {self.memory_fraction}"
-            )
-        if self.start_timeout_s <= 0:
-            raise ValueError(
-                f"rollout.vllm.start_timeout_s must be > 0, got {self.start_timeout_s}"
-            )
+        check_range("rollout.vllm.memory_fraction", self.memory_fraction, 0, 1, low_open=True)
+        check_range("rollout.vllm.start_timeout_s", self.start_timeout_s, 0, low_open=True)
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(
                 f"rollout.vllm.dtype must be one of {ENGINE_DTYPES}, got {self.dtype!r}"

@@ -31,7 +31,7 @@ EXTRAS="${EXTRAS// /}"
 case ",$EXTRAS," in
 *,vllm,*)
     die "the 'vllm' extra pins its own torch and CUDA packages, which conflict with" \
-        "torch==$TORCH_VERSION; install vllm in a separate environment (see ENVIRONMENT.md)"
+        "torch==$TORCH_VERSION; install vllm in a separate environment (scripts/install_vllm.sh)"
     ;;
 esac
 if [[ -n "$EXTRAS" ]]; then

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied_rl.registry import SIMULATORS
+from embodied_rl.checks import check_range
 from simulators.base import (
     EnvSpec,
     Obs,
@@ -39,6 +39,7 @@ from simulators.base import (
     check_actions,
     check_reset_ids,
     config_from_options,
+    register_simulator,
 )
 
 # Headless rendering by default; must be set before mujoco is imported (a caller's choice,
@@ -107,20 +108,15 @@ class ReachConfig:
     debug_fault_once_path: str = ""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_tasks <= len(COLOURS):
-            raise ValueError(
-                f"reach num_tasks must be in [1, {len(COLOURS)}], got {self.num_tasks}"
-            )
-        if self.num_init_states < 1 or self.max_steps < 1 or self.frame_skip < 1:
-            raise ValueError("reach num_init_states, max_steps and frame_skip must be >= 1")
-        if self.image_size < 0 or self.render_size < 0:
-            raise ValueError("reach image_size and render_size must be >= 0 (0 = off)")
+        check_range("reach num_tasks", self.num_tasks, 1, len(COLOURS))
+        for name in ("num_init_states", "max_steps", "frame_skip"):
+            check_range(f"reach {name}", getattr(self, name), 1)
+        for name in ("image_size", "render_size"):
+            check_range(f"reach {name}", getattr(self, name), 0, note=" (0 = off)")
         if self.reward not in ("sparse", "dense"):
             raise ValueError(f"reach reward must be 'sparse' or 'dense', got {self.reward!r}")
-        if not 0 < self.min_start_distance <= TARGET_RING + ARENA_HALF * 0.8:
-            raise ValueError(
-                f"reach min_start_distance must be in (0, {TARGET_RING + ARENA_HALF * 0.8:.2f}]"
-            )
+        farthest = TARGET_RING + ARENA_HALF * 0.8
+        check_range("reach min_start_distance", self.min_start_distance, 0, farthest, low_open=True)
 
 
 class InjectedSimulatorFault(RuntimeError):
@@ -215,8 +211,7 @@ class ReachVectorEnv(VectorEnv):
     """
 
     def __init__(self, config: ReachConfig, num_envs: int) -> None:
-        if num_envs < 1:
-            raise ValueError(f"reach needs num_envs >= 1, got {num_envs}")
+        check_range("reach num_envs", num_envs, 1)
         self.config = config
         self.num_envs = num_envs
         size, render = config.image_size, config.render_size
@@ -347,9 +342,7 @@ def _claim_fault(once_path: str) -> bool:
     return True
 
 
+@register_simulator("reach")
 def build_reach(options: Mapping[str, Any] | None, num_envs: int) -> ReachVectorEnv:
     """Registered builder of the ``reach`` simulator (options: the fields of ReachConfig)."""
     return ReachVectorEnv(config_from_options(ReachConfig, options, "reach"), num_envs)
-
-
-SIMULATORS.register("reach", build_reach)

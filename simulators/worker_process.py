@@ -72,7 +72,7 @@ def child_main(
     env, shm, views = None, None, None
     try:
         try:
-            env = SIMULATORS.get(name)(options, num_envs)
+            env = SIMULATORS.get(name)(options, num_envs, processes=0)  # in this process
         except Exception:
             conn.send(("error", traceback.format_exc()))
             return

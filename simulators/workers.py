@@ -18,8 +18,9 @@ created where they are used (processes start with the ``spawn`` method, never ``
   after ``max_restarts`` restarts of one child within one call it gives up with an error
   naming the envs of that child.
 
-:func:`make_vector_env` picks the in-process env (``processes`` 0 or None) or this one; it
-is also registered as ``SIMULATORS["processes"]`` for code that may not import ``simulators``.
+The pool is an option of every simulator, not a simulator: ``SIMULATORS.get(name)(options,
+num_envs, processes=P)`` builds one (:class:`simulators.base.Simulator`), and each child builds
+its envs through the same entry with ``processes=0``.
 """
 
 from __future__ import annotations
@@ -410,34 +411,3 @@ class ProcessVectorEnv(VectorEnv):
             if isinstance(replayed, _Failure):
                 return replayed
         return self._ask(child, command, timeout_s)
-
-
-def make_vector_env(
-    name: str,
-    options: Mapping[str, Any] | None,
-    num_envs: int,
-    processes: int | None = None,
-    **worker_options: Any,
-) -> VectorEnv:
-    """Build a registered simulator in this process or in simulator processes.
-
-    Args:
-        name: registered simulator name.
-        options: the simulator's options.
-        num_envs: ``N``.
-        processes: 0 or None = in-process (the simulator's own vector env); ``P >= 1`` =
-            :class:`ProcessVectorEnv` with ``P`` processes.
-        **worker_options: timeouts and ``max_restarts`` of :class:`ProcessVectorEnv`.
-    """
-    if not processes:
-        if worker_options:
-            raise ValueError(
-                f"worker options {sorted(worker_options)} need processes >= 1 (got {processes})"
-            )
-        return SIMULATORS.get(name)(options, num_envs)
-    return ProcessVectorEnv(name, options, num_envs, processes, **worker_options)
-
-
-# rollout/ may not import simulators/, so it finds the process switch through the registry:
-# SIMULATORS.get("processes")(name, options, num_envs, processes) == make_vector_env(...).
-SIMULATORS.register("processes", make_vector_env)

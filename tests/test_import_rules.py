@@ -1,4 +1,4 @@
-"""Layout rules of DESIGN.md section 1, packaging, and the torchvision compat fix.
+"""Import rules (docs/ARCHITECTURE.md, "Packages and import rules"), packaging, torchvision fix.
 
 - ``embodied_rl`` never imports ``policies``, ``simulators`` or ``rollout`` (they register
   into its registries and are loaded by module name);
@@ -98,7 +98,10 @@ def test_packages_respect_import_rules():
     assert checked > 0 and (ROOT / "embodied_rl" / "__init__.py").is_file(), (
         f"no Python files found under {ROOT}; the walk is broken"
     )
-    assert not violations, "import rule violations (DESIGN.md section 1):\n" + "\n".join(violations)
+    assert not violations, (
+        "import rule violations (docs/ARCHITECTURE.md, 'Packages and import rules'):\n"
+        + "\n".join(violations)
+    )
 
 
 def test_checker_reports_each_forbidden_import(tmp_path):

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-import embodied_rl.tasks  # noqa: F401  (registers reward.arithmetic)
+import embodied_rl.nodes  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from embodied_rl.registry import NODE_TYPES

@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md, "Advantage estimators").
+"""Advantage estimators (docs/ALGORITHMS.md, "Advantage estimators").
 
 Group statistics are computed over whole groups even when a group's samples sit on several
 data-parallel ranks: callers pass every rank's (group id, reward) pairs, which are small.

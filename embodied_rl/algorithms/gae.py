@@ -1,4 +1,4 @@
-"""PPO's critic-side math (ALGORITHMS.md, "GAE (PPO)"): GAE, global whitening, value loss.
+"""PPO's critic-side math (docs/ALGORITHMS.md, "GAE (PPO)"): GAE, global whitening, value loss.
 
 Per valid response token t of a sequence:
 

@@ -1,4 +1,4 @@
-"""The clipped policy-gradient core and its aggregation (ALGORITHMS.md, "Policy losses").
+"""The clipped policy-gradient core and its aggregation (docs/ALGORITHMS.md, "Policy losses").
 
 One clipped surrogate, :func:`clipped_surrogate`, serves every variant; the variants only
 choose what is clipped and how the per-token losses are reduced:
@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from embodied_rl.checks import check_range
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -84,8 +86,7 @@ class ClipSpec:
                 f"need 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got "
                 f"{self.clip_low} and {self.clip_high}"
             )
-        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
-            raise ValueError(f"dual_clip_c must be > 1 (3 is typical), got {self.dual_clip_c}")
+        check_range("dual_clip_c", self.dual_clip_c, 1, low_open=True, note=" (3 is typical)")
         if self.policy_loss == "cpgd" and self.ratio_level != "token":
             raise ValueError(
                 "policy_loss 'cpgd' clips per-token log-ratios; it needs ratio_level 'token', "
@@ -245,7 +246,7 @@ def policy_loss(
     mask: torch.Tensor,
     spec: ClipSpec,
 ) -> PolicyLossTerms:
-    """The per-token clipped loss of ``spec`` (ALGORITHMS.md, "Policy losses").
+    """The per-token clipped loss of ``spec`` (docs/ALGORITHMS.md, "Policy losses").
 
     Args:
         logprobs: (B, R) ``log pi`` under the current weights (differentiable).

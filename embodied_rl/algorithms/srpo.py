@@ -1,4 +1,4 @@
-"""SRPO trajectory rewards (ALGORITHMS.md, "SRPO"; arXiv 2511.15605).
+"""SRPO trajectory rewards (docs/ALGORITHMS.md, "SRPO"; arXiv 2511.15605).
 
 A successful trajectory gets reward 1. A failed one is scored by how close its trajectory
 embedding (a frozen video encoder's output, ``(N, D)``) lies to the successful trajectories
@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from embodied_rl.checks import check_range
+
 VARIANTS = ("reference", "paper")
 RANGE_EPS = 1e-6  # reference impl.: distance range (or, for "paper", std) below this -> flat
 CONSTANT_DIM_EPS = 1e-12  # a success dimension with std below this is divided by 1
@@ -58,13 +60,10 @@ class SrpoRewardConfig:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"srpo variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.eps <= 0:
-            raise ValueError(f"srpo eps (DBSCAN radius) must be > 0, got {self.eps}")
-        if self.min_samples < 1:
-            raise ValueError(f"srpo min_samples must be >= 1, got {self.min_samples}")
+        check_range("srpo eps (DBSCAN radius)", self.eps, 0, low_open=True)
+        check_range("srpo min_samples", self.min_samples, 1)
         for name in ("alpha", "scale", "sharpness"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"srpo {name} must be >= 0, got {getattr(self, name)}")
+            check_range(f"srpo {name}", getattr(self, name), 0)
 
 
 def _pairwise_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

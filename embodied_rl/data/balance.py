@@ -10,6 +10,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from embodied_rl.checks import check_range
+
 
 def assign_units(weights: Sequence[float], num_bins: int) -> list[int]:
     """Greedy longest-processing-time (LPT) assignment of units to bins.
@@ -34,8 +36,7 @@ def assign_units(weights: Sequence[float], num_bins: int) -> list[int]:
     Raises:
         ValueError: If ``num_bins < 1`` or a weight is negative or not finite.
     """
-    if num_bins < 1:
-        raise ValueError(f"num_bins must be at least 1, got {num_bins}")
+    check_range("num_bins", num_bins, 1)
     for index, weight in enumerate(weights):
         # NaN fails both comparisons, so it is caught here too.
         if not 0 <= weight < float("inf"):

@@ -17,10 +17,9 @@ collectively. There is no coordinator actor and no driver hop:
 
 Why one byte buffer for all keys and dtypes instead of one collective per key: each gloo
 collective costs a round of messages between every pair of ranks, which dominates for the
-small per-step batches of RL. Measured with gloo on a 2-core machine, 4 ranks: 64 KiB per rank
-moved as one ``all_to_all_single`` took 2.0 ms, as 8 collectives of 8 KiB 10.8 ms (2 ranks:
-0.24 vs 3.5 ms); 64 MiB per rank 116 vs 141 ms. Packing costs one ``index_select`` copy per key
-on the sender and one ``cat`` per key on the receiver.
+small per-step batches of RL (measured: BENCHMARKS.md, "Figures formerly in code
+comments"). Packing costs one ``index_select`` copy per key on the sender and one ``cat``
+per key on the receiver.
 
 Fields are the batch's top-level keys: tensors (moved as raw bytes, any dtype) and non-tensor
 fields (strings or other picklable per-sample values, see :func:`~embodied_rl.data.batch.strings`).
@@ -330,7 +329,7 @@ def _unpack(
             offsets[s] += counts[s] * width
         # A fresh buffer at offset 0, so the dtype view below is aligned. One part (the usual
         # case: one source per destination) is cloned: torch.cat of a single 1-D uint8 tensor
-        # is about 2x slower than clone on CPU (measured: 150 MiB in 0.144 s vs 0.077 s).
+        # is slower than clone on CPU (BENCHMARKS.md, "Figures formerly in code comments").
         data = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
         dtype, shape = schema[key]
         out[key] = data.view(dtype).reshape(total, *shape)

@@ -37,266 +37,36 @@ Drops are never silent: a warning names the counts and the first line of each re
 pass is shared out: given an ``exchange`` (an all-gather over the data-parallel group), each
 rank checks only its contiguous ``1/dp_size`` block of rows and the ranks swap the results
 (one byte per row); without one, a loader checks every row itself.
+
+The file access lives in ``embodied_rl.data.prompt_files`` and the row checks in
+``embodied_rl.data.prompt_checks``; this module holds the loader.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import logging
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
+from embodied_rl.data.prompt_checks import REASONS, REFUSED, RowCheck, merge_checks, row_problem
+from embodied_rl.data.prompt_files import RawRow, index_jsonl, open_source
 from embodied_rl.data.sampler import EpochSampler
+
+__all__ = ["REASONS", "Exchange", "ShardedPromptLoader", "index_jsonl"]
 
 logger = logging.getLogger(__name__)
 
-_INDEX_CHUNK_BYTES = 1 << 20
-_CHECK_BLOCK_BYTES = 1 << 22  # bytes read at once by the row-check pass over a JSONL file
-_TOKENIZE_CHUNK = 1024  # prompts per count_tokens call
 _BAD_ROW_MODES = ("error", "drop")
-# Why a row is not used; a row's status byte is 1 + its reason's index (0: usable).
-REASONS = ("malformed", "missing_field", "empty", "too_long")
-_REFUSED = ("malformed", "missing_field")  # errors unless on_bad_row="drop"
 
-# (parsed record or None, error text or None) for one requested row
-_RawRow = tuple[Any, "str | None"]
 # all-gather over the data-parallel group: this rank's object in, every rank's out
 Exchange = Callable[[Any], list[Any]]
-
-
-def index_jsonl(path: Path, chunk_bytes: int = _INDEX_CHUNK_BYTES) -> tuple[array, array, array]:
-    """Byte offset, byte length and 1-based line number of every non-blank line of a file.
-
-    The file is read in chunks and scanned for ``b"\\n"``; nothing is JSON-parsed, so indexing
-    a large file costs one sequential read.
-
-    Args:
-        path: the JSONL file.
-        chunk_bytes: read size; lines longer than a chunk are carried over to the next one.
-
-    Returns:
-        ``(starts, lengths, line_numbers)`` as ``array("q")``, one entry per row.
-    """
-    starts, lengths, line_numbers = array("q"), array("q"), array("q")
-    carry, carry_offset, line_no = b"", 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            data = carry + chunk
-            pos = 0
-            while (newline := data.find(b"\n", pos)) != -1:
-                line_no += 1
-                if data[pos:newline].strip():
-                    starts.append(carry_offset + pos)
-                    lengths.append(newline - pos)
-                    line_numbers.append(line_no)
-                pos = newline + 1
-            carry, carry_offset = data[pos:], carry_offset + pos
-    if carry.strip():  # last line without a trailing newline
-        starts.append(carry_offset)
-        lengths.append(len(carry))
-        line_numbers.append(line_no + 1)
-    return starts, lengths, line_numbers
-
-
-def _parse_json(raw: bytes) -> _RawRow:
-    try:
-        return json.loads(raw), None
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-        return None, f"is not valid JSON ({err})"
-
-
-class _JsonlSource:
-    """Random access to the rows of a JSONL file through a line-offset index."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.size = path.stat().st_size
-        self._starts, self._lengths, self._line_numbers = index_jsonl(path)
-        self.num_rows = len(self._starts)
-        self.columns: frozenset[str] | None = None  # unknown until rows are parsed
-        self.rows_parsed = 0
-        self.rows_checked = 0
-
-    def where(self, row: int) -> str:
-        return f"line {self._line_numbers[row]}"
-
-    def read(self, rows: Sequence[int]) -> list[_RawRow]:
-        """Parse the given rows, in the given order; a row that fails to parse gets an error."""
-        out: list[_RawRow] = [(None, None)] * len(rows)
-        # Visit rows in file order so the reads move forward through the file.
-        order = sorted(range(len(rows)), key=lambda i: self._starts[rows[i]])
-        with open(self.path, "rb") as f:
-            for i in order:
-                f.seek(self._starts[rows[i]])
-                out[i] = _parse_json(f.read(self._lengths[rows[i]]))
-                self.rows_parsed += 1
-        return out
-
-    def scan(self, first: int, stop: int) -> Iterator[tuple[int, Any, str | None]]:
-        """``(row, record, error)`` for rows ``first..stop-1``, read in large sequential pieces."""
-        with open(self.path, "rb") as f:
-            row = first
-            while row < stop:
-                base, end = self._starts[row], row + 1
-                while end < stop and self._starts[end] + self._lengths[end] - base <= (
-                    _CHECK_BLOCK_BYTES
-                ):
-                    end += 1
-                f.seek(base)
-                data = f.read(self._starts[end - 1] + self._lengths[end - 1] - base)
-                for r in range(row, end):
-                    offset = self._starts[r] - base
-                    self.rows_checked += 1
-                    yield r, *_parse_json(data[offset : offset + self._lengths[r]])
-                row = end
-
-
-class _ParquetSource:
-    """Row access to a Parquet file: reads only the row groups that hold requested rows."""
-
-    def __init__(self, path: Path, wanted_columns: Sequence[str]) -> None:
-        self.path = path
-        self.size = path.stat().st_size
-        self._file = pq.ParquetFile(path)
-        metadata = self._file.metadata
-        self.num_rows = metadata.num_rows
-        self.columns = frozenset(self._file.schema_arrow.names)
-        self._read_columns = [c for c in dict.fromkeys(wanted_columns) if c in self.columns]
-        self._group_starts = [0]
-        for g in range(metadata.num_row_groups):
-            self._group_starts.append(self._group_starts[-1] + metadata.row_group(g).num_rows)
-        self.rows_parsed = 0
-        self.rows_checked = 0
-
-    def where(self, row: int) -> str:
-        return f"row {row} (0-based)"
-
-    def _group_of(self, row: int) -> int:
-        return bisect.bisect_right(self._group_starts, row) - 1
-
-    def read(self, rows: Sequence[int]) -> list[_RawRow]:
-        """Rows as dicts of the wanted columns, in the given order."""
-        by_group: dict[int, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_group.setdefault(self._group_of(row), []).append(i)
-        out: list[_RawRow] = [(None, None)] * len(rows)
-        for group, positions in sorted(by_group.items()):
-            table = self._file.read_row_group(group, columns=self._read_columns)
-            local = pa.array([rows[i] - self._group_starts[group] for i in positions])
-            for i, record in zip(positions, table.take(local).to_pylist()):
-                out[i] = (record, None)
-            self.rows_parsed += len(positions)
-        return out
-
-    def scan(self, first: int, stop: int) -> Iterator[tuple[int, Any, str | None]]:
-        """``(row, record, None)`` for rows ``first..stop-1``, one row group at a time."""
-        if first >= stop:
-            return
-        for group in range(self._group_of(first), self._group_of(stop - 1) + 1):
-            start = self._group_starts[group]
-            lo, hi = max(first, start), min(stop, self._group_starts[group + 1])
-            table = self._file.read_row_group(group, columns=self._read_columns)
-            for i, record in enumerate(table.slice(lo - start, hi - lo).to_pylist()):
-                self.rows_checked += 1
-                yield lo + i, record, None
-
-
-def _open_source(path: Path, wanted_columns: Sequence[str]) -> _JsonlSource | _ParquetSource:
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist; check the data path config")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return _JsonlSource(path)
-    if suffix in (".parquet", ".pq"):
-        return _ParquetSource(path, wanted_columns)
-    raise ValueError(f"prompt file {path} has an unknown suffix {suffix!r}; use .jsonl or .parquet")
-
-
-def _row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
-    """``(reason, what is wrong)`` for a parsed row that cannot be used, else ``None``."""
-    if not isinstance(record, dict):
-        return "malformed", f"is not a JSON object (got {type(record).__name__})"
-    for name in fields:
-        if record.get(name) is None:
-            return "missing_field", f"lacks the required field {name!r}"
-    prompt = record["prompt"]
-    if not isinstance(prompt, str):
-        return "malformed", f"has a prompt of type {type(prompt).__name__}, expected a string"
-    if not prompt.strip():
-        return "empty", "has an empty prompt"
-    return None
-
-
-class _RowCheck:
-    """The row-check pass over rows ``first..stop-1`` of a source (see the module docstring).
-
-    Attributes:
-        status: one byte per row of the block: 0 usable, else 1 + the index in ``REASONS``.
-        first_seen: per reason, the first ``(row, problem)`` in the block.
-    """
-
-    def __init__(
-        self,
-        source: _JsonlSource | _ParquetSource,
-        fields: Sequence[str],
-        first: int,
-        stop: int,
-        max_prompt_tokens: int | None,
-        count_tokens: Callable[[list[str]], Sequence[int]] | None,
-    ) -> None:
-        self.first = first
-        self.status = bytearray(stop - first)
-        self.first_seen: dict[str, tuple[int, str]] = {}
-        self._limit, self._count_tokens = max_prompt_tokens, count_tokens
-        pending: list[tuple[int, str]] = []  # usable so far; their length is checked in chunks
-        for row, record, error in source.scan(first, stop):
-            problem = ("malformed", error) if error else _row_problem(record, fields)
-            if problem is not None:
-                self._mark(row, *problem)
-            elif max_prompt_tokens is not None:
-                pending.append((row, record["prompt"]))
-                if len(pending) == _TOKENIZE_CHUNK:
-                    self._check_lengths(pending)
-                    pending = []
-        self._check_lengths(pending)
-
-    def _mark(self, row: int, reason: str, problem: str) -> None:
-        self.status[row - self.first] = 1 + REASONS.index(reason)
-        self.first_seen.setdefault(reason, (row, problem))
-
-    def _check_lengths(self, pending: list[tuple[int, str]]) -> None:
-        if not pending or self._limit is None or self._count_tokens is None:
-            return
-        counts = self._count_tokens([prompt for _, prompt in pending])
-        for (row, _), count in zip(pending, counts):
-            if count > self._limit:
-                self._mark(
-                    row, "too_long", f"has a prompt of {count} tokens, more than {self._limit}"
-                )
-
-
-def _merge_checks(
-    parts: Sequence[tuple[int, bytes, dict[str, tuple[int, str]]]],
-) -> tuple[bytes, dict[str, tuple[int, str]]]:
-    """The whole file's status bytes and first problems from every rank's ``(dp_rank, ...)``."""
-    ordered = sorted(parts, key=lambda part: part[0])
-    status = b"".join(part[1] for part in ordered)
-    first_seen: dict[str, tuple[int, str]] = {}
-    for _, _, seen in ordered:
-        for reason, found in seen.items():
-            if reason not in first_seen or found[0] < first_seen[reason][0]:
-                first_seen[reason] = found
-    return status, first_seen
 
 
 class ShardedPromptLoader:
@@ -365,7 +135,7 @@ class ShardedPromptLoader:
         self.on_bad_row = on_bad_row
         self._fields = tuple(dict.fromkeys(("prompt", *required_fields)))
         self._has_answer = "answer" in self._fields
-        self._source = _open_source(self.path, self._fields)
+        self._source = open_source(self.path, self._fields)
         self._check_columns(self._fields)
         self.num_rows = self._source.num_rows
         status, first_seen = self._check_rows(
@@ -442,16 +212,16 @@ class ShardedPromptLoader:
         """Status byte of every row and the first problem per reason (all ranks agree)."""
         n, share = self.num_rows, exchange is not None and dp_size > 1
         first, stop = (n * dp_rank // dp_size, n * (dp_rank + 1) // dp_size) if share else (0, n)
-        check = _RowCheck(self._source, self._fields, first, stop, max_prompt_tokens, count_tokens)
+        check = RowCheck(self._source, self._fields, first, stop, max_prompt_tokens, count_tokens)
         mine = (dp_rank, bytes(check.status), check.first_seen)
-        return _merge_checks(exchange(mine) if share else [mine])
+        return merge_checks(exchange(mine) if share else [mine])
 
     def _refuse_or_warn(self, first_seen: dict[str, tuple[int, str]], dp_rank: int) -> None:
         """Raise for the first refused row; otherwise warn once (rank 0) about dropped rows."""
-        refused = [first_seen[r] for r in _REFUSED if r in first_seen]
+        refused = [first_seen[r] for r in REFUSED if r in first_seen]
         if refused and self.on_bad_row == "error":
             row, problem = min(refused)
-            count = sum(self.dropped.get(r, 0) for r in _REFUSED)
+            count = sum(self.dropped.get(r, 0) for r in REFUSED)
             raise ValueError(
                 f"{self.path}: {self._source.where(row)} {problem} ({count} such row(s) in the "
                 "file). Fix or remove those rows, or set on_bad_row='drop' to skip them (they "
@@ -480,11 +250,11 @@ class ShardedPromptLoader:
         return batch
 
     def _to_batch(
-        self, rows: Sequence[int], sample_ids: Sequence[int], records: Sequence[_RawRow]
+        self, rows: Sequence[int], sample_ids: Sequence[int], records: Sequence[RawRow]
     ) -> TensorDict:
         prompts, answers = [], []
         for row, (record, error) in zip(rows, records):
-            problem = error or _row_problem(record, self._fields)
+            problem = error or row_problem(record, self._fields)
             if problem is not None:  # the row passed the checks: the file changed since
                 raise ValueError(
                     f"{self.path}: {self._source.where(row)} {problem} but passed the checks "

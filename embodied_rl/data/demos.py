@@ -24,7 +24,7 @@ directory, and the files our scripted planner writes)::
 Image orientation: ``macros_image_convention`` ``"opengl"`` (LIBERO's default) stores frames as
 MuJoCo renders them, upside down; ``"opencv"`` stores them flipped vertically. The reader
 returns frames in the simulator's observation convention (rotated by 180 degrees, see
-``simulators/libero_suites.flip_image``), so a policy sees demonstrations and rollouts alike;
+``simulators/libero/suites.py::flip_image``), so a policy sees demonstrations and rollouts alike;
 the writer takes frames in that convention and stores them as ``"opengl"``, like LIBERO.
 
 Demos we write add ``embodied_rl_init_state_id`` (the official init state the episode started

@@ -22,6 +22,9 @@ global counts, so which rank holds a row does not change the update: only the pi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -77,6 +80,7 @@ def global_mini_batches(
     dp_group: dist.ProcessGroup | None,
     dp_ranks: tuple[int, ...],
     rank: int,
+    gather_over_dp: Callable[[Any], list[Any]],
 ) -> list[TensorDict]:
     """This rank's rows of each global mini-batch (a collective over ``dp_group``).
 
@@ -86,6 +90,8 @@ def global_mini_batches(
         dp_group: the data-parallel group (ranks holding different rows); None when alone.
         dp_ranks: the global ranks of ``dp_group`` in dp order.
         rank: this worker's global rank.
+        gather_over_dp: the all-gather over ``dp_group`` in dp order
+            (:meth:`embodied_rl.runtime.context.NodeContext.gather_over_dp`).
 
     Returns:
         ``M`` batches: this rank's rows of each mini-batch, ordered by ``SAMPLE_ID``.
@@ -94,13 +100,7 @@ def global_mini_batches(
         return [batch]
     ids = batch[K.SAMPLE_ID].detach().cpu().reshape(-1).to(torch.int64).numpy()
     mine = (ids, token_weights(batch), trailing_shapes(batch))
-    if dp_group is None or len(dp_ranks) == 1:
-        every = [mine]
-    else:
-        gathered: list = [None] * len(dp_ranks)
-        dist.all_gather_object(gathered, mine, group=dp_group)
-        # gathered is in group-rank order, the plan in dp order.
-        every = [gathered[dist.get_group_rank(dp_group, r)] for r in dp_ranks]
+    every = gather_over_dp(mine)
     ids_per_rank, weights_per_rank = [e[0] for e in every], [e[1] for e in every]
     plan = plan_mini_batches(ids_per_rank, weights_per_rank, num_mini_batches, len(every))
     mini, dest = plan[dp_ranks.index(rank)]

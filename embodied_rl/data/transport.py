@@ -9,8 +9,8 @@ Two transports:
 - :class:`AllToAllTransport`: one ``all_to_all_single`` on the process group. Works across
   machines and on accelerators (NCCL/HCCL move device memory directly).
 - :class:`SharedMemoryTransport`: for CPU groups with several ranks on one node. gloo moves
-  bytes through TCP loopback (about 1.3 GB/s per rank here, against 7.6 GB/s for a memory
-  copy), so between ranks of one node each sender copies its slices into ``/dev/shm`` files
+  bytes through TCP loopback, several times slower than a memory copy, so between ranks of
+  one node each sender copies its slices into ``/dev/shm`` files
   that each receiver keeps mapped: one memory copy and no socket. Slices between nodes go
   through one ``all_to_all_single`` on the group. Control (metadata, barriers) stays on gloo.
 

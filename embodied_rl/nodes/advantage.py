@@ -1,34 +1,47 @@
-"""Advantage and token-reward nodes (ALGORITHMS.md, "Advantage estimators").
+"""Advantage nodes (docs/ALGORITHMS.md, "Advantage estimators").
 
-Group estimators (GRPO / Dr. GRPO, RLOO) gather the small (reward, group id) pairs over the dp
-group, so groups may span ranks. REINFORCE++ whitens over the global batch with sums reduced
-over the dp group. The ``reward.*`` nodes turn the scalar REWARDS into per-token
-TOKEN_REWARDS (with or without a KL-to-reference penalty) for REINFORCE++.
+- ``advantage.grpo`` / ``advantage.rloo``: group estimators. They gather the small (reward,
+  group id) pairs over the dp group, so a group may span ranks.
+- ``advantage.reinforce_pp``: discounted returns of TOKEN_REWARDS whitened over the global
+  batch (sums reduced over the dp group).
+- ``advantage.gae``: PPO's GAE on the critic's VALUES, whitened over the global batch.
+- ``advantage.marft``: MARFT's agent-level GAE over the agents of a multi-agent DAG.
+
+Shapes: ``B`` samples on this rank, ``R`` response tokens (``R = T * K`` for trajectories),
+``N`` agents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.algorithms.advantages import (
     group_mean_std,
     grpo_advantages,
+    masked_moments,
     place_on_last_token,
     reinforce_pp_advantages,
     rloo_advantages,
     subtract_group_mean_at_last_token,
+    whiten_with_moments,
 )
-from embodied_rl.algorithms.losses import KL_ESTIMATORS, kl_penalty
+from embodied_rl.algorithms.gae import gae
+from embodied_rl.algorithms.marft import (
+    agent_level_gae,
+    agent_state_values,
+    team_reward_on_last_agent,
+)
+from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.runtime.context import NodeContext
 
 
+# ------------------------------------------------------------------ group estimators
 @dataclass
 class GrpoConfig:
     """Options of ``advantage.grpo``.
@@ -42,26 +55,12 @@ class GrpoConfig:
     eps: float = 1e-6
 
 
-def gather_over_dp(ctx: NodeContext, local: torch.Tensor) -> tuple[torch.Tensor, slice]:
-    """Concatenate a small per-sample tensor over the node's dp group.
-
-    Returns:
-        the concatenation in dp-rank order and the slice holding this rank's rows.
-    """
-    if ctx.dp_group is None or ctx.dp_size == 1:
-        return local, slice(0, len(local))
-    parts: list[torch.Tensor | None] = [None] * ctx.dp_size
-    dist.all_gather_object(parts, local, group=ctx.dp_group)
-    start = sum(len(p) for p in parts[: ctx.dp_rank])
-    return torch.cat(parts), slice(start, start + len(local))
-
-
 def _gather_rewards_and_groups(
     ctx: NodeContext, batch: TensorDict
 ) -> tuple[torch.Tensor, torch.Tensor, slice]:
     """Every dp rank's REWARDS (N,) float32 and GROUP_ID (N,) int64, and this rank's slice."""
     local = torch.stack([batch[K.REWARDS].double(), batch[K.GROUP_ID].double()], dim=-1)
-    everyone, mine = gather_over_dp(ctx, local.cpu())
+    everyone, mine = ctx.gather_rows_over_dp(local.cpu())
     return everyone[:, 0].float(), everyone[:, 1].long(), mine
 
 
@@ -119,60 +118,6 @@ def _fraction_of_groups_with_spread(rewards: torch.Tensor, groups: torch.Tensor)
 
 
 @dataclass
-class KlPenaltyRewardConfig:
-    """Options of ``reward.kl_penalty`` (KL as reward, REINFORCE++ / PPO-RLHF style).
-
-    Attributes:
-        beta: weight of the per-token KL penalty.
-        estimator: ``k1`` (the usual choice in the reward: its sum over tokens estimates the
-            sequence KL), ``k2`` or ``k3``.
-    """
-
-    beta: float = 0.01
-    estimator: str = "k1"
-
-    def __post_init__(self) -> None:
-        if self.estimator not in KL_ESTIMATORS:
-            raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {self.estimator!r}")
-        if self.beta < 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-
-
-@register_node(
-    "reward.kl_penalty",
-    reads=(K.REF_LOGPROBS, K.OLD_LOGPROBS, K.RESPONSE_MASK, K.REWARDS),
-    writes=(K.TOKEN_REWARDS,),
-    config=KlPenaltyRewardConfig,
-)
-def kl_penalty_reward_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """TOKEN_REWARDS (B, R): REWARDS on the last valid token, ``- beta*KL_t`` on every valid one.
-
-    ``KL_t`` estimates KL(pi_old || pi_ref) on the sampled token from OLD_LOGPROBS (the rollout
-    policy) and REF_LOGPROBS.
-    """
-    cfg: KlPenaltyRewardConfig = ctx.node_config
-    mask = batch[K.RESPONSE_MASK].float()
-    kl = kl_penalty(batch[K.OLD_LOGPROBS].float(), batch[K.REF_LOGPROBS].float(), cfg.estimator)
-    kl = kl * mask
-    batch[K.TOKEN_REWARDS] = place_on_last_token(batch[K.REWARDS], mask) - cfg.beta * kl
-    tokens = float(mask.sum())
-    if tokens > 0:
-        ctx.metrics.log("reward/kl_per_token", float(kl.sum()) / tokens, weight=tokens)
-    return batch
-
-
-@register_node(
-    "reward.token_rewards",
-    reads=(K.RESPONSE_MASK, K.REWARDS),
-    writes=(K.TOKEN_REWARDS,),
-)
-def token_rewards_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """TOKEN_REWARDS (B, R): REWARDS on each row's last valid token, 0 elsewhere (no KL)."""
-    batch[K.TOKEN_REWARDS] = place_on_last_token(batch[K.REWARDS], batch[K.RESPONSE_MASK])
-    return batch
-
-
-@dataclass
 class ReinforcePPConfig:
     """Options of ``advantage.reinforce_pp``.
 
@@ -189,8 +134,7 @@ class ReinforcePPConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        check_range("gamma", self.gamma, 0, 1)
 
 
 def _reinforce_pp_reads(cfg: ReinforcePPConfig) -> tuple[str, ...]:
@@ -217,3 +161,164 @@ def reinforce_pp_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
         token_rewards, mask, cfg.gamma, ctx.all_reduce_sum, eps=cfg.eps
     )
     return batch
+
+
+# ------------------------------------------------------------------ advantage.gae
+REWARD_SOURCES = ("token_rewards", "last_token")
+
+
+@dataclass
+class GaeConfig:
+    """Options of ``advantage.gae`` (docs/ALGORITHMS.md, "GAE (PPO)").
+
+    Attributes:
+        gamma: discount per token.
+        lam: GAE lambda (1: Monte-Carlo return minus V; 0: one-step TD error).
+        whiten: normalise the advantages to mean 0, std 1 over the valid tokens of the
+            GLOBAL batch (moments all-reduced over the dp group; no token is gathered).
+        reward_source: ``token_rewards`` reads per-token rewards TOKEN_REWARDS (B, R);
+            ``last_token`` places the scalar REWARDS (B,) on each sequence's last valid token.
+        eps: added to the variance when whitening.
+    """
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten: bool = True
+    reward_source: str = "token_rewards"
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("gamma", "lam"), 0, 1)
+        if self.reward_source not in REWARD_SOURCES:
+            raise ValueError(
+                f"reward_source must be one of {REWARD_SOURCES}, got {self.reward_source!r}"
+            )
+
+
+def _reward_key(cfg: GaeConfig) -> str:
+    return K.REWARDS if cfg.reward_source == "last_token" else K.TOKEN_REWARDS
+
+
+def _gae_reads(cfg: GaeConfig) -> tuple[str, ...]:
+    return (_reward_key(cfg), K.VALUES, K.RESPONSE_MASK)
+
+
+def _token_rewards(batch: TensorDict, cfg: GaeConfig) -> torch.Tensor:
+    """(B, R) per-token rewards from the configured source."""
+    mask = batch[K.RESPONSE_MASK]
+    if cfg.reward_source == "last_token":
+        return place_on_last_token(batch[K.REWARDS], mask)
+    return batch[K.TOKEN_REWARDS].float()
+
+
+@register_node(
+    "advantage.gae", reads=_gae_reads, writes=(K.ADVANTAGES, K.RETURNS), config=GaeConfig
+)
+def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """ADVANTAGES and RETURNS (B, R) by GAE; advantages whitened over the global batch."""
+    cfg: GaeConfig = ctx.node_config
+    mask = batch[K.RESPONSE_MASK].float()
+    advantages, returns = gae(_token_rewards(batch, cfg), batch[K.VALUES], mask, cfg.gamma, cfg.lam)
+    # [sum A, sum A^2, n] over the dp group: 3 numbers, not tokens (on the device: NCCL/HCCL).
+    moments = ctx.all_reduce_sum(masked_moments(advantages, mask).to(ctx.device)).cpu()
+    log_moments(ctx, moments, "advantage/raw_mean", "advantage/raw_std")
+    if cfg.whiten:
+        advantages = whiten_with_moments(advantages, mask, moments, eps=cfg.eps)
+    batch[K.ADVANTAGES] = advantages
+    batch[K.RETURNS] = returns
+    return batch
+
+
+def log_moments(ctx: NodeContext, moments: torch.Tensor, mean_name: str, std_name: str) -> None:
+    """Log the mean and (population) std that global :func:`masked_moments` give; every rank
+    holds the same numbers, so ``reduce="max"`` keeps them as they are."""
+    total, total_sq, count = moments.tolist()
+    if count <= 0:
+        return
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    ctx.metrics.log(mean_name, mean, reduce="max")
+    ctx.metrics.log(std_name, var**0.5, reduce="max")
+
+
+# ------------------------------------------------------------------ advantage.marft
+@dataclass
+class MarftAdvantageConfig:
+    """Options of ``advantage.marft``.
+
+    Attributes:
+        agents: the agents in acting order (agent k sees agents 1..k-1); the team reward
+            follows the last one's action.
+        gamma: discount per agent step.
+        lam: GAE lambda over agents (1: every agent gets ``R - V_k``; 0: an earlier agent
+            gets only the change its action made to the team's expected reward).
+        whiten: normalise each agent's advantages to mean 0, std 1 over the episodes of the
+            GLOBAL batch (3 numbers per agent all-reduced over the dp group).
+        eps: added to the variance when whitening.
+    """
+
+    agents: list[str] = field(default_factory=list)
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten: bool = True
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if len(self.agents) < 2 or len(set(self.agents)) != len(self.agents):
+            raise ValueError(
+                f"advantage.marft needs two or more distinct agents in acting order, got "
+                f"{self.agents}; list them as agents: [first, second, ...]"
+            )
+        check_fields(self, ("gamma", "lam"), 0, 1)
+
+
+def _marft_reads(cfg: MarftAdvantageConfig) -> tuple[str, ...]:
+    per_agent = (K.agent_key(a, k) for a in cfg.agents for k in (K.VALUES, K.RESPONSE_MASK))
+    return (K.REWARDS, *per_agent)
+
+
+def _marft_writes(cfg: MarftAdvantageConfig) -> tuple[str, ...]:
+    return tuple(K.agent_key(a, k) for a in cfg.agents for k in (K.ADVANTAGES, K.RETURNS))
+
+
+@register_node(
+    "advantage.marft", reads=_marft_reads, writes=_marft_writes, config=MarftAdvantageConfig
+)
+def marft_advantage_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """Per-agent ADVANTAGES and RETURNS (B, R_k) by agent-level GAE over the acting order.
+
+    Logs ``marft/<agent>/value`` and ``value_std`` (V_k over the global batch), and
+    ``marft/<agent>/advantage_raw`` and ``advantage_std`` (A_k before whitening).
+    """
+    cfg: MarftAdvantageConfig = ctx.node_config
+    values = torch.stack(
+        [agent_state_values(batch[K.agent_key(a, K.VALUES)]) for a in cfg.agents], dim=1
+    )  # (B, N)
+    rewards = team_reward_on_last_agent(batch[K.REWARDS], len(cfg.agents))
+    advantages, returns = agent_level_gae(rewards, values, cfg.gamma, cfg.lam)
+    for k, agent in enumerate(cfg.agents):
+        mask = batch[K.agent_key(agent, K.RESPONSE_MASK)].float()  # (B, R_k)
+        advantage = _whitened(ctx, agent, advantages[:, k : k + 1], values[:, k], cfg)
+        batch[K.agent_key(agent, K.ADVANTAGES)] = advantage * mask
+        batch[K.agent_key(agent, K.RETURNS)] = returns[:, k : k + 1] * mask
+    return batch
+
+
+def _whitened(
+    ctx: NodeContext,
+    agent: str,
+    advantage: torch.Tensor,
+    value: torch.Tensor,
+    cfg: MarftAdvantageConfig,
+) -> torch.Tensor:
+    """One agent's advantages (B, 1), whitened over the global batch if configured; logs
+    the agent's global mean value and raw advantage moments."""
+    episodes = torch.ones_like(advantage)
+    moments = ctx.all_reduce_sum(masked_moments(advantage, episodes).to(ctx.device)).cpu()
+    value_moments = ctx.all_reduce_sum(masked_moments(value[:, None], episodes).to(ctx.device))
+    prefix = f"marft/{agent}/"
+    log_moments(ctx, value_moments.cpu(), prefix + "value", prefix + "value_std")
+    log_moments(ctx, moments, prefix + "advantage_raw", prefix + "advantage_std")
+    if not cfg.whiten:
+        return advantage
+    return whiten_with_moments(advantage, episodes, moments, eps=cfg.eps)

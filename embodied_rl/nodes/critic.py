@@ -1,11 +1,11 @@
-"""PPO critic nodes: values at rollout time, GAE advantages, and the value-function update.
+"""PPO critic nodes: values at rollout time and the value-function update.
 
 The critic is used only through ``critic.values(batch)`` (differentiable), so any value model
 implementing it fits. With ``inputs: text`` it returns one value per response token (B, R)
 (see ``policies/causal_lm/critic.py``); with ``inputs: trajectory`` one value per policy step
 (B, T) (an embodied policy with ``value_head: true``), which these nodes expand to the token
 layout (B, T * K) of RESPONSE_MASK (see :func:`step_values_to_tokens`), so ``advantage.gae``
-serves both unchanged.
+(:mod:`embodied_rl.nodes.advantage`) serves both unchanged.
 
 Shapes: ``B`` samples on this rank, ``R`` response tokens (``R = T * K`` for trajectories).
 """
@@ -19,25 +19,15 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
-from embodied_rl.algorithms.advantages import (
-    masked_moments,
-    place_on_last_token,
-    whiten_with_moments,
-)
-from embodied_rl.algorithms.gae import clipped_value_loss, gae
+from embodied_rl.algorithms.gae import clipped_value_loss
 from embodied_rl.algorithms.losses import LOSS_AGG_MODES, GlobalCounts, aggregate
+from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.nodes.train import (
-    check_max_bad_steps,
-    create_bad_step_counter,
-    evaluate_keys,
-    global_counts,
-    run_updates,
-)
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.fsdp import chunked_forward
-
-REWARD_SOURCES = ("token_rewards", "last_token")
+from embodied_rl.training.guard import check_max_bad_steps, create_bad_step_counter
+from embodied_rl.training.inputs import evaluate_keys
+from embodied_rl.training.updates import global_counts, run_updates
 
 
 # --------------------------------------------------------------------------- step -> token
@@ -99,8 +89,7 @@ class CriticValuesConfig:
     inputs: str = "text"
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        check_range("micro_batch_size", self.micro_batch_size, 1)
         evaluate_keys(self.inputs)
 
 
@@ -129,83 +118,6 @@ def critic_values_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     values = torch.cat(chunks) if chunks else torch.zeros(mask.shape)
     batch[K.VALUES] = values.to(mask.device)
     return batch
-
-
-# --------------------------------------------------------------------------- advantage.gae
-@dataclass
-class GaeConfig:
-    """Options of ``advantage.gae`` (ALGORITHMS.md, "GAE (PPO)").
-
-    Attributes:
-        gamma: discount per token.
-        lam: GAE lambda (1: Monte-Carlo return minus V; 0: one-step TD error).
-        whiten: normalise the advantages to mean 0, std 1 over the valid tokens of the
-            GLOBAL batch (moments all-reduced over the dp group; no token is gathered).
-        reward_source: ``token_rewards`` reads per-token rewards TOKEN_REWARDS (B, R);
-            ``last_token`` places the scalar REWARDS (B,) on each sequence's last valid token.
-        eps: added to the variance when whitening.
-    """
-
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten: bool = True
-    reward_source: str = "token_rewards"
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.reward_source not in REWARD_SOURCES:
-            raise ValueError(
-                f"reward_source must be one of {REWARD_SOURCES}, got {self.reward_source!r}"
-            )
-
-
-def _reward_key(cfg: GaeConfig) -> str:
-    return K.REWARDS if cfg.reward_source == "last_token" else K.TOKEN_REWARDS
-
-
-def _gae_reads(cfg: GaeConfig) -> tuple[str, ...]:
-    return (_reward_key(cfg), K.VALUES, K.RESPONSE_MASK)
-
-
-def _token_rewards(batch: TensorDict, cfg: GaeConfig) -> torch.Tensor:
-    """(B, R) per-token rewards from the configured source."""
-    mask = batch[K.RESPONSE_MASK]
-    if cfg.reward_source == "last_token":
-        return place_on_last_token(batch[K.REWARDS], mask)
-    return batch[K.TOKEN_REWARDS].float()
-
-
-@register_node(
-    "advantage.gae", reads=_gae_reads, writes=(K.ADVANTAGES, K.RETURNS), config=GaeConfig
-)
-def gae_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """ADVANTAGES and RETURNS (B, R) by GAE; advantages whitened over the global batch."""
-    cfg: GaeConfig = ctx.node_config
-    mask = batch[K.RESPONSE_MASK].float()
-    advantages, returns = gae(_token_rewards(batch, cfg), batch[K.VALUES], mask, cfg.gamma, cfg.lam)
-    # [sum A, sum A^2, n] over the dp group: 3 numbers, not tokens (on the device: NCCL/HCCL).
-    moments = ctx.all_reduce_sum(masked_moments(advantages, mask).to(ctx.device)).cpu()
-    log_moments(ctx, moments, "advantage/raw_mean", "advantage/raw_std")
-    if cfg.whiten:
-        advantages = whiten_with_moments(advantages, mask, moments, eps=cfg.eps)
-    batch[K.ADVANTAGES] = advantages
-    batch[K.RETURNS] = returns
-    return batch
-
-
-def log_moments(ctx: NodeContext, moments: torch.Tensor, mean_name: str, std_name: str) -> None:
-    """Log the mean and (population) std that global :func:`masked_moments` give; every rank
-    holds the same numbers, so ``reduce="max"`` keeps them as they are."""
-    total, total_sq, count = moments.tolist()
-    if count <= 0:
-        return
-    mean = total / count
-    var = max(total_sq / count - mean * mean, 0.0)
-    ctx.metrics.log(mean_name, mean, reduce="max")
-    ctx.metrics.log(std_name, var**0.5, reduce="max")
 
 
 # --------------------------------------------------------------------------- critic.train
@@ -244,10 +156,8 @@ class CriticTrainConfig:
             raise ValueError(
                 f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
             )
-        if min(self.ppo_epochs, self.num_mini_batches, self.micro_batch_size) < 1:
-            raise ValueError("ppo_epochs, num_mini_batches and micro_batch_size must be >= 1")
-        if self.cliprange_value <= 0:
-            raise ValueError(f"cliprange_value must be > 0, got {self.cliprange_value}")
+        check_fields(self, ("ppo_epochs", "num_mini_batches", "micro_batch_size"), 1)
+        check_range("cliprange_value", self.cliprange_value, 0, low_open=True)
 
 
 @register_node(
@@ -293,8 +203,8 @@ def _micro_batch_value_loss(
     clip_fraction = aggregate(clipped.float(), mask, "token-mean", counts)
     # Shares of a global mean add up over ranks and micro-batches; averaged over updates.
     updates = cfg.ppo_epochs * cfg.num_mini_batches
-    _log_share(ctx, "critic/value_loss", loss.item() / updates)
-    _log_share(ctx, "critic/vf_clip_fraction", clip_fraction.item() / updates)
+    ctx.log_share("critic/value_loss", loss.item() / updates)
+    ctx.log_share("critic/vf_clip_fraction", clip_fraction.item() / updates)
     return loss
 
 
@@ -303,10 +213,4 @@ def _log_batch_means(ctx: NodeContext, batch: TensorDict) -> None:
     counts = global_counts(ctx, batch)
     mask = batch[K.RESPONSE_MASK].float()
     for name, key in (("critic/values_mean", K.VALUES), ("critic/returns_mean", K.RETURNS)):
-        _log_share(ctx, name, aggregate(batch[key].float(), mask, "token-mean", counts).item())
-
-
-def _log_share(ctx: NodeContext, name: str, share: float) -> None:
-    """Log this rank's share of a global mean; the shares are summed over ranks."""
-    if ctx.tp_rank == 0:  # tp members hold the same rows: count them once
-        ctx.metrics.log(name, share, reduce="sum")
+        ctx.log_share(name, aggregate(batch[key].float(), mask, "token-mean", counts).item())

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.dataloader import Exchange, ShardedPromptLoader
+from embodied_rl.data.dataloader import ShardedPromptLoader
 from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, select_demos
 from embodied_rl.data.tasks import (
     TaskManifestLoader,
@@ -57,12 +57,10 @@ class PromptDataConfig:
     tokenizer_model: str | None = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        check_range("batch_size", self.batch_size, 1)
         if self.on_bad_row not in ("error", "drop"):
             raise ValueError(f"on_bad_row must be 'error' or 'drop', got {self.on_bad_row!r}")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        check_range("max_prompt_length", self.max_prompt_length, 1)
         if (self.max_prompt_length is None) != (self.tokenizer_model is None):
             raise ValueError(
                 "max_prompt_length and tokenizer_model go together: set both (e.g. "
@@ -97,9 +95,9 @@ def token_counter(tokenizer: Any, limit: int) -> Callable[[list[str]], list[int]
     No tokenizer emits more tokens than a text has UTF-8 bytes, plus the tokens it adds to
     any text (special tokens, a word-boundary marker): byte-level BPE, SentencePiece and
     WordPiece tokens each cover at least one byte. A prompt whose bound is within ``limit``
-    is therefore not tokenised: with a generous limit (1024 tokens, 300-byte prompts) the
-    start-up check then costs JSON parsing alone (about 3 us a row, against about 80 us a
-    row to tokenise; measured on 100k GSM8K-sized prompts with the Qwen2.5 tokenizer).
+    is therefore not tokenised: with a generous limit the start-up check then costs JSON
+    parsing alone, a small fraction of tokenising every row (measured: BENCHMARKS.md,
+    "Figures formerly in code comments").
     """
     overhead = len(tokenizer("")["input_ids"]) + 1
 
@@ -113,19 +111,6 @@ def token_counter(tokenizer: Any, limit: int) -> Callable[[list[str]], list[int]
         return counts
 
     return count
-
-
-def dp_all_gather(ctx: NodeContext) -> Exchange | None:
-    """All-gather of Python objects over the node's data-parallel group (None when alone)."""
-    if ctx.dp_group is None or ctx.dp_size == 1:
-        return None
-
-    def gather(obj: Any) -> list[Any]:
-        out: list[Any] = [None] * ctx.dp_size
-        dist.all_gather_object(out, obj, group=ctx.dp_group)
-        return out
-
-    return gather
 
 
 def setup_loader(ctx: NodeContext) -> None:
@@ -144,7 +129,7 @@ def setup_loader(ctx: NodeContext) -> None:
         on_bad_row=cfg.on_bad_row,
         max_prompt_tokens=cfg.max_prompt_length,
         count_tokens=counter,
-        exchange=dp_all_gather(ctx),
+        exchange=ctx.gather_over_dp,
     )
 
 
@@ -166,13 +151,16 @@ def _prompt_keys(cfg: PromptDataConfig) -> tuple[str, ...]:
     return (K.PROMPT_TEXT, K.SAMPLE_ID) + ((K.ANSWER_TEXT,) if cfg.with_answers else ())
 
 
-register_node(
+@register_node(
     "data.prompts",
     writes=_prompt_keys,
     source=True,
     config=PromptDataConfig,
     setup=setup_loader,
-)(next_loader_batch)
+)
+def prompts_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """This rank's prompt rows of the next step (``data.prompts``)."""
+    return next_loader_batch(ctx, batch)
 
 
 @dataclass
@@ -198,11 +186,8 @@ class TaskDataConfig:
     shuffle: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_tasks", "num_init_states", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.heldout_every < 0:
-            raise ValueError(f"heldout_every must be >= 0 (0: none), got {self.heldout_every}")
+        check_fields(self, ("num_tasks", "num_init_states", "batch_size"), 1)
+        check_range("heldout_every", self.heldout_every, 0, note=" (0: none)")
         if self.tasks is not None:
             check_task_ids(self.tasks, self.num_tasks)
         split_size(self.num_init_states, self.heldout_every, self.split)
@@ -226,13 +211,16 @@ def setup_task_loader(ctx: NodeContext) -> None:
     )
 
 
-register_node(
+@register_node(
     "data.tasks",
     writes=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
     source=True,
     config=TaskDataConfig,
     setup=setup_task_loader,
-)(next_loader_batch)
+)
+def tasks_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """This rank's (task, init state) rows of the next step (``data.tasks``)."""
+    return next_loader_batch(ctx, batch)
 
 
 @dataclass
@@ -282,17 +270,10 @@ class DemoDataConfig:
                 f"cameras {unknown}: the policy sees one camera in rollouts; use {list(CAMERAS)} "
                 "or [] (state only)"
             )
-        for name in ("chunk", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_demos_per_task is not None and self.max_demos_per_task < 1:
-            raise ValueError(
-                f"max_demos_per_task must be >= 1 or null, got {self.max_demos_per_task}"
-            )
-        if self.image_size is not None and self.image_size < 8:
-            raise ValueError(f"image_size must be >= 8 or null, got {self.image_size}")
-        if self.random_shift < 0 or self.heldout_every < 0:
-            raise ValueError("random_shift and heldout_every must be >= 0")
+        check_fields(self, ("chunk", "batch_size"), 1)
+        check_range("max_demos_per_task", self.max_demos_per_task, 1, note=" or null")
+        check_range("image_size", self.image_size, 8, note=" or null")
+        check_fields(self, ("random_shift", "heldout_every"), 0)
 
 
 def resolve_demo_paths(paths: list[str]) -> list[Path]:
@@ -344,10 +325,13 @@ def _demo_keys(cfg: DemoDataConfig) -> tuple[str, ...]:
     return keys + ((K.OBS_IMAGE,) if cfg.cameras else ())
 
 
-register_node(
+@register_node(
     "data.demos",
     writes=_demo_keys,
     source=True,
     config=DemoDataConfig,
     setup=setup_demo_loader,
-)(next_loader_batch)
+)
+def demos_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """This rank's demonstration steps of the next update (``data.demos``)."""
+    return next_loader_batch(ctx, batch)

@@ -7,7 +7,7 @@ demonstrated env actions (ACTIONS (n, C, A)) and the mask of its real (unpadded)
 token cross-entropy, continuous heads with the L1 regression of their mean
 (``embodied_rl/algorithms/bc.py``), normalised by the global count of valid action tokens.
 Gradients are synced, clipped and guarded against non-finite values exactly as in
-``actor.train`` (:func:`embodied_rl.nodes.train.mini_batch_update`).
+``actor.train`` (:func:`embodied_rl.training.updates.mini_batch_update`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.algorithms.bc import l1_regression, token_accuracy, token_cross_entropy
 from embodied_rl.algorithms.losses import GlobalCounts
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.nodes.train import (
+from embodied_rl.runtime.context import NodeContext
+from embodied_rl.training.guard import (
     check_max_bad_steps,
     count_bad_steps,
     create_bad_step_counter,
-    global_counts,
-    mini_batch_update,
 )
-from embodied_rl.runtime.context import NodeContext
+from embodied_rl.training.updates import global_counts, mini_batch_update
 
 
 @dataclass
@@ -49,8 +49,7 @@ class SFTTrainConfig:
 
     def __post_init__(self) -> None:
         check_max_bad_steps(self.max_bad_steps)
-        if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        check_range("micro_batch_size", self.micro_batch_size, 1)
 
 
 @register_node(
@@ -107,7 +106,9 @@ def _bc_loss(
             mode = policy.action_mode(micro)
         accuracy = token_accuracy(mode, target.to(mode.device), mask, counts)
         metrics = {"sft/loss": loss.detach(), "sft/token_accuracy": accuracy}
-    if ctx.tp_rank == 0:  # shares of a global mean add up over ranks and micro-batches
-        for name, value in metrics.items():
-            ctx.metrics.log(name, value.item(), reduce="sum")
+    for (
+        name,
+        value,
+    ) in metrics.items():  # shares of a global mean add up over ranks and micro-batches
+        ctx.log_share(name, value.item())
     return loss

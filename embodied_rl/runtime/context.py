@@ -218,6 +218,42 @@ class NodeContext:
         """A seed unique to (run seed, step, rank, node, tag): reproducible after resume."""
         return self.seed_fn(f"{self.node_id}/{tag}")
 
+    def gather_over_dp(self, obj: Any) -> list[Any]:
+        """Every dp rank's ``obj``, in dp-rank order: a collective over the node's data-parallel
+        group (``[obj]`` when the node has no dp peers; every member must call it).
+
+        For small picklable per-sample metadata (rewards and group ids, episode records,
+        sample ids and token counts); batch payloads move through the databuffer instead.
+        """
+        if self.dp_group is None or self.dp_size == 1:
+            return [obj]
+        gathered: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(gathered, obj, group=self.dp_group)
+        # all_gather_object fills group-rank order (sorted global ranks); a layout's dp order
+        # need not be sorted (branches, agents), and callers slice by dp rank.
+        dp_ranks = self.layout.dp_group_ranks(self.rank)
+        return [gathered[dist.get_group_rank(self.dp_group, r)] for r in dp_ranks]
+
+    def gather_rows_over_dp(self, local: torch.Tensor) -> tuple[torch.Tensor, slice]:
+        """Concatenate a small per-sample tensor ``(B, ...)`` over the dp group.
+
+        Returns:
+            ``(N, ...)`` the rows of every dp rank in dp-rank order, and the slice of them
+            that holds this rank's ``B`` rows.
+        """
+        parts = self.gather_over_dp(local)
+        start = sum(len(part) for part in parts[: self.dp_rank])
+        return torch.cat(parts), slice(start, start + len(local))
+
+    def log_share(self, name: str, share: float) -> None:
+        """Log this rank's share of a global sum or mean; the shares are summed over the ranks.
+
+        Members of one tp group hold the same rows, so only tp rank 0 logs: each row counts
+        once whatever the tp size.
+        """
+        if self.tp_rank == 0:
+            self.metrics.log(name, share, reduce="sum")
+
     def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum ``value`` over the node's data-parallel group (identity when alone)."""
         if self.dp_group is not None and self.dp_size > 1:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils._pytree import tree_map
 
 from embodied_rl.data.batch import batch_len
 from embodied_rl.runtime.context import MetricSink, NodeContext
@@ -99,6 +100,13 @@ def shard_model(
     block_mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for block in transformer_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=block_mp, offload_policy=offload)
+        if dtype is not None:
+            # FSDP2 casts a block's floating-point inputs in its forward pre-hook, which it
+            # skips while a checkpointed block is recomputed in backward: the float32 rotary
+            # cos/sin of the root then met bf16 values in attention (CUDA, torch 2.11).
+            block.register_forward_pre_hook(
+                functools.partial(cast_inputs, dtype=dtype), with_kwargs=True
+            )
     # Explicitly True: by default FSDP2 keeps the root unsharded after forward until backward,
     # so after a forward-only pass (log-probs, values, rollout) an optimizer step would update
     # the shards while later passes kept using the stale gathered root parameters.
@@ -110,6 +118,20 @@ def shard_model(
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # gloo has no AVG / PREMUL_SUM
+
+
+def cast_inputs(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A forward pre-hook: every floating-point tensor in ``args``/``kwargs`` (nested too) in
+    ``dtype``, as FSDP2's ``cast_forward_inputs`` does (a no-op on inputs already in it)."""
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        return value
+
+    return tree_map(cast, (args, kwargs))
 
 
 def autocast_methods(model: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
-from embodied_rl.registry import POLICIES
+from embodied_rl.registry import model_builder
 
 RUN_CONFIG = "config.yaml"
 STATISTICS_FLAG = "normalizer.action.present"  # see policies/normalization.py
@@ -102,7 +102,7 @@ def resolve_init_source(init_from: str, name: str) -> InitSource:
 
 def architecture(policy: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The options of ``policy`` that fix what its weights mean (defaults filled in)."""
-    describe = getattr(POLICIES.get(policy), "architecture_options", None)
+    describe = getattr(model_builder(policy), "architecture_options", None)
     return dict(options) if describe is None else describe(options)
 
 

@@ -7,14 +7,14 @@ A worker allocates from several threads: Ray runs actor calls in a thread pool, 
 TensorBoard writer have threads of their own. Building a LIBERO scene allocates and frees
 hundreds of MB (XML, compiled model, decoded meshes), and with a new task every step those
 blocks land in whichever arena the thread has, between long-lived ones: the free space
-fragments and RSS climbed by 50-100 MB per step (two ranks without Ray, one thread each, 12
-steps: 2.6 -> 3.4 GB; flat on one rank with no other threads). Two remedies, both needed:
+fragments and RSS climbed with every task change (two ranks without Ray, one thread each;
+flat on one rank with no other threads). Two remedies, both needed:
 
 - Worker processes run with ``MALLOC_ARENA_MAX=2`` (:func:`worker_process_env`; Ray starts the
   actors with it, their simulator processes inherit it): few arenas, so freed blocks are
-  reused. With it the same runs stayed flat within 1-5 MB over 12-20 steps.
+  reused. With it the same runs stayed flat.
 - :func:`release_free_heap` after scenes are built or closed returns the free pages in the
-  middle of the heap (``malloc_trim``), 0.2-0.5 GB after a task change; 10-20 ms a call.
+  middle of the heap (``malloc_trim``), cheap next to building a scene.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@
 Trainable models are data-parallel in one of two ways, chosen per model by
 ``models.<name>.parallel.strategy`` (``auto``: the device's default, see ``devices.py``):
 
-- ``ddp``: every rank holds a full replica; ``nodes/train.py::sync_and_clip`` sums the
+- ``ddp``: every rank holds a full replica; ``training/gradients.py::sync_and_clip`` sums the
   gradients in one flat all-reduce (the CPU default).
 - ``fsdp``: FSDP2 ``fully_shard`` over the dp group of the nodes that use the model: each
   repeated transformer block is one unit, the root holds the rest (embeddings, heads). Each
   forward pass all-gathers a unit's parameters and each backward reduce-scatters its
-  gradients, so every forward is a collective (see ``nodes/train.py::chunked_forward``).
+  gradients, so every forward is a collective (see ``runtime/fsdp.py::chunked_forward``).
 
 Checkpoints hold full (unsharded) CPU tensors in the plain ``state_dict`` formats of
 ``nn.Module`` and ``torch.optim``, whatever the strategy, so a GPU (FSDP) checkpoint resumes
@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 
 from embodied_rl import checkpoint
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import dataclass_problems
 from embodied_rl.data.layout import Layout
 from embodied_rl.devices import STRATEGIES, device_spec, resolve_dtype, resolve_strategy
-from embodied_rl.registry import POLICIES
+from embodied_rl.registry import MODEL_REGISTRIES, model_builder
 from embodied_rl.runtime.fsdp import (
     autocast_methods,
     enable_gradient_checkpointing,
@@ -64,12 +65,8 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(
-                f"optimizer.warmup_steps must be >= 0 (0 = no warmup), got {self.warmup_steps}"
-            )
+        check_range("optimizer.lr", self.lr, 0, low_open=True)
+        check_range("optimizer.warmup_steps", self.warmup_steps, 0, note=" (0 = no warmup)")
 
     def lr_at(self, updates_done: int) -> float:
         """The learning rate of the next update after ``updates_done`` updates."""
@@ -143,7 +140,8 @@ class ModelSpec:
                 f"models.{name}: unknown key(s) {unknown}; valid keys: {sorted(allowed)}"
             )
         if "policy" not in raw:
-            raise ValueError(f"models.{name}: missing 'policy' (one of {POLICIES.names()})")
+            known = sorted(n for registry in MODEL_REGISTRIES for n in registry.names())
+            raise ValueError(f"models.{name}: missing 'policy' (one of {known})")
         optim = dict(raw.get("optimizer") or {})
         bad = sorted(set(optim) - set(OptimizerConfig.__dataclass_fields__))
         if bad:
@@ -244,7 +242,7 @@ class ModelStore:
         spec = self.specs[name]
         # A layout FSDP cannot serve fails before the (possibly large) model is built.
         group = self._fsdp_group(name) if self.strategy(name) == "fsdp" else None
-        model = POLICIES.get(spec.policy)(spec.options, self.device)
+        model = model_builder(spec.policy)(spec.options, self.device)
         if spec.init_from is not None:  # weights and statistics buffers, before any sharding
             model.load_state_dict(load_init_state(spec.init_from, name))
         if not spec.trainable:

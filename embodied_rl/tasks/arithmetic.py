@@ -1,11 +1,11 @@
-"""Arithmetic task: small additions/subtractions and their rule-based reward.
+"""Arithmetic task: small additions/subtractions and their rule-based score.
 
 Prompts are as short as ``"12+7="`` so a tiny LM rolls them out fast; the expected response
 is the integer, e.g. ``"19"``. Problems are drawn without replacement from the full set of
 problems within the configured ranges, shuffled by a seed, so the same seed always yields
 the same problems and a train/test split can be made disjoint by construction.
 
-Reward (:func:`score`), for a response ``r`` and an integer answer ``a``::
+Reward (:func:`score`, applied by the node ``reward.arithmetic``), for a response ``r`` and an integer answer ``a``::
 
     1.0                                                    if int(r) == a
     partial_weight * max(0, 1 - |int(r) - a| / partial_scale)   if r is an integer
@@ -27,12 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from tensordict import TensorDict
-
-from embodied_rl import keys as K
-from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.batch import batch_len, strings
+from embodied_rl.checks import check_range
 
 OPERATORS = ("+", "-")
 # At most 18 digits: a bound on what counts as a number, far above any answer here.
@@ -153,46 +148,6 @@ class ArithmeticRewardConfig:
     partial_scale: float = 10.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.partial_weight < 1.0:
-            raise ValueError(
-                f"partial_weight must be in [0, 1) so only exact answers earn 1, "
-                f"got {self.partial_weight}"
-            )
-        if self.partial_scale <= 0:
-            raise ValueError(f"partial_scale must be > 0, got {self.partial_scale}")
-
-
-@register_node(
-    "reward.arithmetic",
-    reads=(K.RESPONSE_TEXT, K.ANSWER_TEXT),
-    writes=(K.REWARDS,),
-    config=ArithmeticRewardConfig,
-)
-def arithmetic_reward(ctx: Any, batch: TensorDict) -> TensorDict:
-    """Score each response against its answer.
-
-    Args:
-        ctx: the node context (``ctx.node_config`` is an :class:`ArithmeticRewardConfig`).
-        batch: B samples with RESPONSE_TEXT and ANSWER_TEXT.
-
-    Returns:
-        The batch with REWARDS (B,) float32 added.
-    """
-    cfg: ArithmeticRewardConfig = ctx.node_config
-    count = batch_len(batch)
-    out = batch.clone(recurse=False)
-    if count == 0:
-        out[K.REWARDS] = torch.zeros(0, dtype=torch.float32)
-        return out
-    responses, answers = strings(batch, K.RESPONSE_TEXT), strings(batch, K.ANSWER_TEXT)
-    rewards = torch.tensor(
-        [
-            score(r, a, partial_weight=cfg.partial_weight, partial_scale=cfg.partial_scale)
-            for r, a in zip(responses, answers)
-        ],
-        dtype=torch.float32,
-    )
-    out[K.REWARDS] = rewards
-    ctx.metrics.log("reward/mean", rewards.mean(), weight=count)
-    ctx.metrics.log("reward/exact_match", (rewards == 1.0).float().mean(), weight=count)
-    return out
+        only_exact = " so only exact answers earn 1"
+        check_range("partial_weight", self.partial_weight, 0, 1, high_open=True, note=only_exact)
+        check_range("partial_scale", self.partial_scale, 0, low_open=True)

@@ -16,15 +16,8 @@ invalid and earns 0. Answers are written with as many digits as there are agents
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-from tensordict import TensorDict
-
-from embodied_rl import keys as K
-from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.batch import batch_len, strings
-from embodied_rl.tasks.arithmetic import ArithmeticRewardConfig, parse_integer, score
+from embodied_rl.tasks.arithmetic import ArithmeticRewardConfig, parse_integer
 
 
 @dataclass
@@ -61,43 +54,3 @@ def team_answer(digits: list[str]) -> str:
     """The number the agents' responses spell, or ``""`` if one is not exactly one digit."""
     valid = all(len(d) == 1 and d in "0123456789" for d in digits)
     return "".join(digits) if valid else ""
-
-
-def _reads(cfg: DigitTeamRewardConfig) -> tuple[str, ...]:
-    return (K.ANSWER_TEXT, *(K.agent_key(a, K.RESPONSE_TEXT) for a in cfg.agents))
-
-
-@register_node("reward.digit_team", reads=_reads, writes=(K.REWARDS,), config=DigitTeamRewardConfig)
-def digit_team_reward(ctx: Any, batch: TensorDict) -> TensorDict:
-    """REWARDS (B,): the team's answer scored against ANSWER_TEXT.
-
-    Logs ``reward/mean``, ``reward/exact_match``, ``reward/all_digits`` (the share of episodes
-    in which every agent wrote one digit) and ``reward/<agent>_digit`` (the share in which
-    that agent wrote its digit of the answer).
-    """
-    cfg: DigitTeamRewardConfig = ctx.node_config
-    count = batch_len(batch)
-    responses = [strings(batch, K.agent_key(a, K.RESPONSE_TEXT)) for a in cfg.agents]
-    answers = [answer_digits(a, len(cfg.agents)) for a in strings(batch, K.ANSWER_TEXT)]
-    teams = [team_answer([r[i].strip() for r in responses]) for i in range(count)]
-    rewards = torch.tensor(
-        [
-            score(
-                team,
-                answer,
-                partial_weight=cfg.partial_weight,
-                partial_scale=cfg.partial_scale,
-            )
-            for team, answer in zip(teams, answers)
-        ],
-        dtype=torch.float32,
-    )
-    batch[K.REWARDS] = rewards
-    if count:
-        ctx.metrics.log("reward/mean", rewards.mean(), weight=count)
-        ctx.metrics.log("reward/exact_match", (rewards == 1.0).float().mean(), weight=count)
-        ctx.metrics.log("reward/all_digits", sum(map(bool, teams)) / count, weight=count)
-        for k, agent in enumerate(cfg.agents):
-            right = [r.strip() == a[k] for r, a in zip(responses[k], answers)]
-            ctx.metrics.log(f"reward/{agent}_digit", sum(right) / count, weight=count)
-    return batch

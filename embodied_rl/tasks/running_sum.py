@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from embodied_rl.checks import check_range
 from embodied_rl.interfaces import TurnResult
 from embodied_rl.registry import TEXT_ENVS
 from embodied_rl.tasks.arithmetic import parse_integer, score
@@ -87,11 +88,8 @@ class RunningSum:
     """The running-sum environment (module doc); options are the per-turn score's."""
 
     def __init__(self, partial_weight: float = 0.5, partial_scale: float = 10.0) -> None:
-        if not 0.0 <= partial_weight < 1.0 or partial_scale <= 0:
-            raise ValueError(
-                "running_sum needs 0 <= partial_weight < 1 and partial_scale > 0, got "
-                f"{partial_weight} and {partial_scale}"
-            )
+        check_range("running_sum partial_weight", partial_weight, 0, 1, high_open=True)
+        check_range("running_sum partial_scale", partial_scale, 0, low_open=True)
         self.partial_weight, self.partial_scale = partial_weight, partial_scale
 
     def start(self, prompt: str, answer: str) -> RunningSumEpisode:
@@ -110,8 +108,7 @@ def generate_episodes(
     The opening problem adds two operands in ``0..max_operand``; each later turn adds or
     subtracts ``1..max_operand`` while the total stays in ``0..max_total``.
     """
-    if turns < 1:
-        raise ValueError(f"turns must be >= 1, got {turns}")
+    check_range("turns", turns, 1)
     rng = random.Random(seed)
     rows: dict[str, dict[str, str]] = {}
     attempts = 0

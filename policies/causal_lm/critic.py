@@ -93,10 +93,8 @@ class CausalLMCritic(torch.nn.Module):
         return critic.to(device)
 
 
+@POLICIES.register("causal_lm_critic")
 def build_causal_lm_critic(options: Mapping[str, Any], device: torch.device) -> CausalLMCritic:
     """Registry builder: ``options`` are :class:`CausalLMConfig` fields."""
     config = CausalLMConfig.from_options(options)
     return CausalLMCritic.from_config(config, torch.device(device))
-
-
-POLICIES.register("causal_lm_critic", build_causal_lm_critic)

@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.registry import POLICIES
 from policies.causal_lm.configuration import CausalLMConfig
 from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
@@ -204,8 +205,7 @@ class CausalLMPolicy(torch.nn.Module):
             logprobs: (B, R) float32 ``log pi(token)``, 0 where RESPONSE_MASK is 0.
             entropy: (B, R) float32 entropy of the token distribution, 0 where masked.
         """
-        if temperature <= 0:
-            raise ValueError(f"evaluate temperature must be > 0, got {temperature}")
+        check_range("evaluate temperature", temperature, 0, low_open=True)
         device = self.device
         prompt_ids = batch[K.PROMPT_IDS].to(device)
         prompt_mask = batch[K.PROMPT_MASK].to(device)
@@ -463,19 +463,13 @@ def _hf_sampling_flags(do_sample: bool) -> dict[str, Any]:
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding"
-        )
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_range("max_new_tokens", max_new_tokens, 1)
+    fix = "; use do_sample=False for greedy decoding"
+    check_range("temperature", temperature, 0, low_open=True, fix=fix)
+    check_range("top_p", top_p, 0, 1, low_open=True)
 
 
+@POLICIES.register("causal_lm")
 def build_causal_lm(options: Mapping[str, Any], device: torch.device) -> CausalLMPolicy:
     """Registry builder: ``options`` are :class:`CausalLMConfig` fields."""
     return CausalLMPolicy.from_config(CausalLMConfig.from_options(options), torch.device(device))
-
-
-POLICIES.register("causal_lm", build_causal_lm)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from embodied_rl.checks import check_range
 from policies.normalization import GRIPPER_CONVENTIONS
 
 HEADS = ("gaussian", "discrete")
@@ -60,15 +61,13 @@ class MLPPolicyConfig:
             raise ValueError(f"mlp head must be one of {HEADS}, got {self.head!r}")
         if self.state_dim <= 0 and self.image_size <= 0:
             raise ValueError("the MLP policy needs an input: set state_dim > 0 or image_size > 0")
-        if self.action_dim < 1 or self.num_bins < 2:
-            raise ValueError("action_dim must be >= 1 and num_bins >= 2")
+        check_range("action_dim", self.action_dim, 1)
+        check_range("num_bins", self.num_bins, 2)
         if self.image_size and self.image_size % 8:
             raise ValueError(f"image_size must be a multiple of 8, got {self.image_size}")
-        if self.chunk < 1 or self.instruction_buckets < 0 or self.instruction_dim < 1:
-            raise ValueError(
-                f"mlp needs chunk >= 1, instruction_buckets >= 0 (0: off) and instruction_dim "
-                f">= 1; got {self.chunk}, {self.instruction_buckets}, {self.instruction_dim}"
-            )
+        check_range("chunk", self.chunk, 1)
+        check_range("instruction_buckets", self.instruction_buckets, 0, note=" (0: off)")
+        check_range("instruction_dim", self.instruction_dim, 1)
         if self.gripper_convention not in GRIPPER_CONVENTIONS:
             raise ValueError(
                 f"mlp gripper_convention {self.gripper_convention!r} is not one of "

@@ -269,6 +269,7 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return 0.5 * math.log(2 * math.pi * math.e) + log_std
 
 
+@POLICIES.register("mlp")
 def build_mlp_policy(options: Mapping[str, Any], device: torch.device) -> MLPPolicy:
     """Registry builder: seeded init without touching the global RNG."""
     config = MLPPolicyConfig.from_options(options)
@@ -280,5 +281,3 @@ def build_mlp_policy(options: Mapping[str, Any], device: torch.device) -> MLPPol
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_mlp_policy.architecture_options = MLPPolicyConfig.architecture_options
-
-POLICIES.register("mlp", build_mlp_policy)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from embodied_rl.checks import check_range
 from policies.normalization import GRIPPER_CONVENTIONS
 from policies.openvla.action_tokenizer import N_ACTION_BINS
 
@@ -159,10 +160,8 @@ class VLAOptions:
                 f"{name} gripper_convention {self.gripper_convention!r} is not one of "
                 f"{list(GRIPPER_CONVENTIONS)}"
             )
-        if self.temperature <= 0:
-            raise ValueError(f"{name} temperature must be > 0, got {self.temperature}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"{name} micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        check_range(f"{name} temperature", self.temperature, 0, low_open=True)
+        check_range(f"{name} micro_batch_size", self.micro_batch_size, 1)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied_rl.checks import check_range
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
 from policies.openvla.configuration import ACTION_DIM, OpenVLAConfig
@@ -61,8 +62,7 @@ class OpenVLAPolicy(VLAPolicyBase):
             ActOutput with actions (N, 1, 7) float32 in environment units, tokens (N, 7) int64
             vocabulary ids and logprobs (N, 7) float32.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_range("temperature", temperature, 0, low_open=True)
         was_training = self.training
         self.eval()
         try:
@@ -154,6 +154,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         return build_policy(cls, config, device)
 
 
+@POLICIES.register("openvla")
 def build_openvla(options: Mapping[str, Any], device: torch.device | str) -> OpenVLAPolicy:
     """Registry builder: ``options`` are :class:`OpenVLAConfig` fields."""
     config = OpenVLAConfig.from_options(options)
@@ -162,6 +163,3 @@ def build_openvla(options: Mapping[str, Any], device: torch.device | str) -> Ope
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla.architecture_options = OpenVLAConfig.architecture_options
-
-
-POLICIES.register("openvla", build_openvla)

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from embodied_rl.checks import check_range
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
@@ -178,8 +180,7 @@ def center_crop_resize(images: torch.Tensor, area: float = OFT_CROP_AREA) -> tor
     Returns:
         (N, C, H, W).
     """
-    if not 0.0 < area <= 1.0:
-        raise ValueError(f"crop area must be in (0, 1], got {area}")
+    check_range("crop area", area, 0, 1, low_open=True)
     n, _, height, width = images.shape
     side = math.sqrt(area)
     lo = (1.0 - side) / 2.0

@@ -36,6 +36,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
 from policies.normalization import Normalizer, select_statistics
 from policies.openvla.action_tokenizer import ActionTokenizer
@@ -391,8 +392,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         Returns:
             logprobs, entropy: (B, T * K) float32, step-major; 0 on masked steps.
         """
-        if temperature <= 0:
-            raise ValueError(f"evaluate temperature must be > 0, got {temperature}")
+        check_range("evaluate temperature", temperature, 0, low_open=True)
         b, t = batch[K.STEP_MASK].shape
         k = self.tokens_per_step
         targets = self._stored_targets(batch)

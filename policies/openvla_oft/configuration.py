@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embodied_rl.checks import check_range
 from policies.openvla.configuration import VLAOptions
 
 
@@ -39,7 +40,5 @@ class OpenVLAOFTConfig(VLAOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk < 1:
-            raise ValueError(f"openvla_oft chunk must be >= 1, got {self.chunk}")
-        if self.proprio_dim < 1:
-            raise ValueError(f"openvla_oft proprio_dim must be >= 1, got {self.proprio_dim}")
+        check_range("openvla_oft chunk", self.chunk, 1)
+        check_range("openvla_oft proprio_dim", self.proprio_dim, 1)

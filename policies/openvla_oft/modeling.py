@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
 from policies.openvla.configuration import ACTION_DIM
@@ -192,8 +193,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
             ActOutput with actions (N, chunk, 7) float32 in environment units, logprobs
             (N, K) and tokens (N, K) vocabulary ids (discrete) or raw_actions (N, K).
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_range("temperature", temperature, 0, low_open=True)
         was_training = self.training
         self.eval()
         try:
@@ -274,6 +274,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         return build_policy(cls, config, device)
 
 
+@POLICIES.register("openvla_oft")
 def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) -> OpenVLAOFTPolicy:
     """Registry builder: ``options`` are :class:`OpenVLAOFTConfig` fields."""
     config = OpenVLAOFTConfig.from_options(options)
@@ -282,6 +283,3 @@ def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) ->
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla_oft.architecture_options = OpenVLAOFTConfig.architecture_options
-
-
-POLICIES.register("openvla_oft", build_openvla_oft)

@@ -2,8 +2,10 @@
 
 Every script under ``scripts/bench/`` measures ours and a reference in the same run, prints a
 table with :func:`print_table`, and writes ``docs/benchmarks/<name>.json`` and ``<name>.png``
-with :func:`write_results` / :func:`save_figure`. Scripts import this module as ``common``
-(``scripts/bench`` is on ``sys.path`` when a script there is run directly).
+with :func:`write_results` / :func:`save_figure`. Scripts import this module as ``common``:
+a script run as a file (``.venv/bin/python scripts/bench/<name>.py``) has its folder as
+``sys.path[0]``, so its sibling modules import by name; the repository's packages come from
+the venv (editable install).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parents[1]
 RESULTS_DIR = REPO_ROOT / "docs" / "benchmarks"
 MB = 1024**2
 

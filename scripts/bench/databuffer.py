@@ -2,7 +2,8 @@
 
 What is measured: moving one step's batch of ``B`` samples between two data-parallel layouts
 on real Ray actors, the transfer the DAG planner inserts where consecutive nodes are laid out
-differently. The layout change is the one of DESIGN.md section 2.6: rollout on 4 workers as
+differently. The layout change is the one of docs/ARCHITECTURE.md ("How a batch moves
+between workers"): rollout on 4 workers as
 dp 2 x tp 2 (both tensor-parallel members of a shard hold the same samples; only the shard
 leaders, ranks 0 and 2, send) -> training on the same 4 workers as dp 4. Two batches:
 
@@ -74,7 +75,6 @@ import gc
 import os
 import socket
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -86,6 +86,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import ray.util  # noqa: E402
@@ -99,9 +100,6 @@ from embodied_rl.data.batch import concat, make_batch, tensor_keys  # noqa: E402
 from embodied_rl.data.databuffer import redistribute  # noqa: E402
 from embodied_rl.data.layout import Layout  # noqa: E402
 from embodied_rl.data.transport import AllToAllTransport  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
 
 WORLD = 4
 SRC = Layout((0, 1, 2, 3), tp_size=2)  # rollout: dp 2 x tp 2

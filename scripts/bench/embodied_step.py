@@ -53,20 +53,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import common
+import ray
 
-import common  # noqa: E402
-import ray  # noqa: E402
-
-from embodied_rl.runtime.config import compose  # noqa: E402
-from embodied_rl.runtime.launcher import launch, start_ray  # noqa: E402
+from embodied_rl.runtime.config import compose
+from embodied_rl.runtime.launcher import launch, start_ray
 
 NAME = "embodied_step"
 EPISODES_PER_STEP = 4  # data.batch_size 2 (task, init state) pairs x rollout.group_size 2

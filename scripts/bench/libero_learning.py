@@ -4,7 +4,7 @@ The project's main use case measured end to end with the real commands, on held-
 states that training never saw:
 
 1. ``demos``: ``embodied-rl demos`` writes ONE scripted demonstration per task (init state 0)
-   at the rollouts' image size (``simulators/libero_planner.py``).
+   at the rollouts' image size (``simulators/libero/planner.py``).
 2. ``sft``: ``embodied-rl train --config-name sft_libero`` trains the fast CPU policy
    (``policy=mlp_image``: 3-conv image encoder, proprio, instruction, Gaussian head over
    chunks of 8 actions) by behaviour cloning on those demos (SRPO's one-shot setting), then
@@ -44,10 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import common  # noqa: E402
+import common
 
 NAME = "libero_learning"
 EVAL_TRAIN = "eval_train"

@@ -57,25 +57,22 @@ import types
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the packages (before this dir)
+import common
+import numpy as np
+import torch
+from omegaconf import OmegaConf
 
-import common  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-import embodied_rl.nodes  # noqa: E402, F401
-import policies  # noqa: E402, F401
-import rollout  # noqa: E402, F401
-import simulators  # noqa: E402, F401
-from embodied_rl import keys as K  # noqa: E402
-from embodied_rl.data.batch import make_batch  # noqa: E402
-from embodied_rl.registry import NODE_TYPES, POLICIES  # noqa: E402
-from embodied_rl.runtime.config import compose  # noqa: E402
-from embodied_rl.runtime.context import MetricSink, NodeContext  # noqa: E402
-from simulators.base import StepResult  # noqa: E402
-from simulators.libero import LiberoConfig, LiberoVectorEnv  # noqa: E402
+import embodied_rl.nodes  # noqa: F401
+import policies  # noqa: F401
+import rollout  # noqa: F401
+import simulators  # noqa: F401
+from embodied_rl import keys as K
+from embodied_rl.data.batch import make_batch
+from embodied_rl.registry import NODE_TYPES, POLICIES
+from embodied_rl.runtime.config import compose
+from embodied_rl.runtime.context import MetricSink, NodeContext
+from simulators.base import StepResult
+from simulators.libero import LiberoConfig, LiberoVectorEnv
 
 NAME = "libero_rollout_speed"
 BEFORE_COMMIT = "25aff29"  # the branch point of the cheap-reset / chunked-rendering change
@@ -113,8 +110,11 @@ def load_before_module() -> types.ModuleType:
         check=True,
     ).stdout
     registration = 'SIMULATORS.register("libero", build_libero)'
-    if registration not in source:
+    # Its helpers moved since: simulators/libero_suites.py is simulators/libero/suites.py.
+    suites_import = "from simulators.libero_suites import ("
+    if registration not in source or suites_import not in source:
         raise SystemExit(f"unexpected simulators/libero.py at {BEFORE_COMMIT}")
+    source = source.replace(suites_import, "from simulators.libero.suites import (")
     # Imported from a file of its own (not the registry's module): the old code must not
     # register a second "libero" simulator.
     path = Path(tempfile.mkdtemp(prefix="libero_before_")) / "libero_before.py"

@@ -25,10 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo's packages
-
-import common  # noqa: E402
+import common
 
 
 def run_backend(backend: str, steps: int, workers: int, root: Path) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Weak scaling of the databuffer vs a central controller, and a cost model projected to 1024.
 
 What is measured, for ``N`` = 2, 4, 8, 16 worker processes (Ray actors in one gloo world on
-this machine) at a FIXED per-worker batch (weak scaling): the layout change of DESIGN.md 2.6
-(rollout as dp N/2 x tp 2 -> training as dp N) of an LLM-RL batch (``databuffer.py``'s ``text``
+this machine) at a FIXED per-worker batch (weak scaling): the layout change of
+docs/ARCHITECTURE.md, "How a batch moves between workers" (rollout as dp N/2 x tp 2 ->
+training as dp N) of an LLM-RL batch (``databuffer.py``'s ``text``
 variant: prompts of 256, responses of 512 tokens, groups of 8), ``--rows`` samples per
 training worker, at 1x and 4x that size.
 
@@ -49,16 +50,11 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import common  # noqa: E402
 from databuffer import (  # noqa: E402
     Variant,
     central_transfer,
@@ -66,6 +62,7 @@ from databuffer import (  # noqa: E402
     make_samples,
     release_free_memory,
 )
+from tensordict import TensorDict  # noqa: E402
 
 from embodied_rl import keys as K  # noqa: E402
 from embodied_rl.data.batch import tensor_keys  # noqa: E402

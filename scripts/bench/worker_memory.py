@@ -41,11 +41,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py
+import common
 
-import common  # noqa: E402
-
-BENCH_DIR = Path(__file__).resolve().parent
 BEFORE_COMMIT = "5a0783a"  # main before issue 15 (texture-light scenes, allocator, sharing)
 PROBE = "worker_memory_probe"
 CONFIG = "srpo_libero"
@@ -91,7 +88,7 @@ def run_env(tree: Path) -> dict[str, str]:
     A caller's ``MALLOC_ARENA_MAX`` is dropped, so each tree runs with its own settings.
     """
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(BENCH_DIR)])
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(common.BENCH_DIR)])
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env

@@ -109,15 +109,13 @@ def _install() -> None:
         models.ModelStore._build
     )
     try:  # the LIBERO parts, where the simulator is installed
-        from simulators import libero_render, libero_scene
+        from simulators.libero import render, scene
     except ImportError:
         return
-    scene_build = libero_scene.LiberoScene.build.__func__
-    libero_scene.LiberoScene.build = classmethod(
-        _measured(lambda cls, *a, **k: "scene")(scene_build)
-    )
-    libero_render.TaskRenderer.__init__ = _measured(lambda *a, **k: "renderer")(
-        libero_render.TaskRenderer.__init__
+    scene_build = scene.LiberoScene.build.__func__
+    scene.LiberoScene.build = classmethod(_measured(lambda cls, *a, **k: "scene")(scene_build))
+    render.TaskRenderer.__init__ = _measured(lambda *a, **k: "renderer")(
+        render.TaskRenderer.__init__
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import embodied_rl.tasks  # noqa: F401  (registers reward.arithmetic)
+import embodied_rl.nodes  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import NodeConfigError
 from embodied_rl.data.batch import make_batch

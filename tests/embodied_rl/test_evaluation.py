@@ -23,7 +23,7 @@ from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from embodied_rl.data.layout import Layout
 from embodied_rl.metrics import reduce_records
-from embodied_rl.nodes.evaluation import (
+from embodied_rl.nodes.eval import (
     Episode,
     EvalReportConfig,
     eval_report_node,

@@ -10,11 +10,10 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.layout import Layout
-from embodied_rl.registry import NODE_TYPES, POLICIES
+from embodied_rl.nodes.encode import EncodeVideoConfig, encode_video_node
+from embodied_rl.registry import NODE_TYPES, VIDEO_ENCODERS
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from rollout.encoders import (
-    EncodeVideoConfig,
-    encode_video_node,
     preprocess_clips,
     sample_clips,
     sample_frame_indices,
@@ -63,7 +62,7 @@ def test_sample_clips_gathers_per_episode():
 
 
 def test_cheap_encoder_exact_numbers():
-    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 3, "grid": 1}, CPU)
+    enc = VIDEO_ENCODERS.get("video_encoder.cheap")({"num_frames": 3, "grid": 1}, CPU)
     # f0 black, f1 R = 0.4, f2 (R, G) = (1, 0.2). grid 1 -> per-channel frame means.
     frames = video((0, 0, 0), (102, 0, 0), (255, 51, 0))
     out = enc.encode(frames, torch.tensor([3]))
@@ -80,7 +79,7 @@ def test_cheap_encoder_exact_numbers():
 
 
 def test_cheap_encoder_padding_cycling_and_invalid():
-    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 4, "grid": 1}, CPU)
+    enc = VIDEO_ENCODERS.get("video_encoder.cheap")({"num_frames": 4, "grid": 1}, CPU)
     # Two valid frames then garbage padding; sampled as f0, f1, f0, f1: the wrap-around pair
     # (f1 -> f0) is no motion, so motion = |f1 - f0| = 0.4 on R.
     frames = torch.cat([video((0, 0, 0), (102, 0, 0), (255, 255, 255)), video(*[(0, 0, 0)] * 3)])
@@ -97,7 +96,7 @@ def test_cheap_encoder_padding_cycling_and_invalid():
 
 
 def test_cheap_encoder_grid_pooling():
-    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 2, "grid": 2}, CPU)
+    enc = VIDEO_ENCODERS.get("video_encoder.cheap")({"num_frames": 2, "grid": 2}, CPU)
     frame = torch.zeros(1, 1, 4, 4, 3, dtype=torch.uint8)
     frame[0, 0, 0, 0, 0] = 255  # one red pixel in the top-left 2x2 cell
     out = enc.encode(frame, torch.tensor([1]))[0]
@@ -128,7 +127,7 @@ def test_preprocess_resize_crop_normalise():
 
 @pytest.fixture(scope="module")
 def tiny_vjepa2():
-    return POLICIES.get("video_encoder.vjepa2")(TINY_OPTIONS, CPU)
+    return VIDEO_ENCODERS.get("video_encoder.vjepa2")(TINY_OPTIONS, CPU)
 
 
 def _random_frames(b: int, t: int, seed: int = 0) -> torch.Tensor:
@@ -162,13 +161,13 @@ def test_vjepa2_loads_local_safetensors(tiny_vjepa2, tmp_path: Path):
     tiny_vjepa2.model.save_pretrained(tmp_path, safe_serialization=True)
     assert (tmp_path / "model.safetensors").exists()
     options = {"path": str(tmp_path), "num_frames": 4, "resize_short": 16, "crop_size": 16}
-    loaded = POLICIES.get("video_encoder.vjepa2")(options, CPU)
+    loaded = VIDEO_ENCODERS.get("video_encoder.vjepa2")(options, CPU)
     frames, lengths = _random_frames(2, 5, seed=1), torch.tensor([5, 3])
     torch.testing.assert_close(loaded.encode(frames, lengths), tiny_vjepa2.encode(frames, lengths))
 
 
 def test_vjepa2_options_are_checked():
-    build = POLICIES.get("video_encoder.vjepa2")
+    build = VIDEO_ENCODERS.get("video_encoder.vjepa2")
     with pytest.raises(ValueError, match="exactly one"):
         build({"num_frames": 4}, CPU)
     with pytest.raises(ValueError, match="unknown option"):
@@ -178,7 +177,7 @@ def test_vjepa2_options_are_checked():
 
 
 def test_encode_video_node_micro_batches():
-    enc = POLICIES.get("video_encoder.cheap")({"num_frames": 3, "grid": 2}, CPU)
+    enc = VIDEO_ENCODERS.get("video_encoder.cheap")({"num_frames": 3, "grid": 2}, CPU)
     frames = _random_frames(3, 4, seed=2)
     batch = TensorDict({K.FRAMES: frames, K.FINISH_STEP: torch.tensor([3, -1, 1])}, batch_size=[3])
     node_type = NODE_TYPES.get("encode.video")

@@ -1,5 +1,5 @@
 """A worker's rollout nodes with the same simulator settings share one vector env (the training
-and the evaluation rollout: a LIBERO env is about 1 GB), without changing any episode."""
+and the evaluation rollout: a LIBERO env holds a lot of memory), without changing any episode."""
 
 from __future__ import annotations
 

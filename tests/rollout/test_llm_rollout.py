@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import embodied_rl.nodes  # noqa: F401  (registers reward.arithmetic)
 import policies  # noqa: F401  (registers the causal_lm policy)
 import rollout  # noqa: F401  (registers rollout.llm)
 from embodied_rl import keys as K

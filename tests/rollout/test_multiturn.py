@@ -16,7 +16,7 @@ import rollout  # noqa: F401  (registers rollout.llm_multiturn)
 from embodied_rl import keys as K
 from embodied_rl.data.batch import batch_len, make_batch, strings
 from embodied_rl.data.layout import Layout
-from embodied_rl.nodes.rewards import TurnRewardConfig, turn_reward_node
+from embodied_rl.nodes.reward.outcome import TurnRewardConfig, turn_reward_node
 from embodied_rl.registry import POLICIES, TEXT_ENVS, UnknownNameError
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.tasks.echo import Echo, generate_echo_episodes

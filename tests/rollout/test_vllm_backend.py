@@ -2,7 +2,7 @@
 
 Marked ``vllm``: they run in the vLLM venv (``bash scripts/install_vllm.sh`` then
 ``.venv-vllm/bin/python -m pytest -m vllm``) and are skipped where vLLM is not installed.
-Each test that starts an engine pays its start-up (about 20 s on 2 cores), so the engine is
+Each test that starts an engine pays its start-up (tens of seconds on 2 cores), so the engine is
 shared by the tests of this module.
 """
 

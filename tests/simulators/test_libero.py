@@ -1,17 +1,12 @@
-"""The ``libero`` simulator against the raw LIBERO env: conventions, episode end, exact cheap
-resets, chunked steps, shared renderers, pool parity.
+"""The ``libero`` simulator against the raw LIBERO env: conventions, episode end, chunked
+steps, pool parity, memory over task changes (scenes and renderers: ``test_libero_scene.py``).
 
-LIBERO is slow on 2 CPU cores (building a scene 3-7 s, a hard reset 2-4 s, a frame 30-60 ms),
-so one module-scoped wrapper (libero_goal task 0, "open the middle drawer of the cabinet",
-64 px, ``max_steps=4``) serves most tests that need a built env, and episodes are a handful
-of steps. Tests that need LIBERO are marked ``libero`` and skip when it is not installed.
+One module-scoped env of ``libero_common.OPTIONS`` serves most tests that need a built env.
+Tests that need LIBERO are marked ``libero`` and skip when it is not installed.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,29 +19,13 @@ import pytest
 
 from embodied_rl.registry import SIMULATORS
 from embodied_rl.runtime.memory import worker_process_env
-from simulators.base import check_vector_env
+from simulators.checker import check_vector_env
 from simulators.libero import LiberoConfig, LiberoObs, LiberoVectorEnv
-from simulators.libero_scene import with_shared_textures, without_texture_pixels
-from simulators.libero_suites import INSTALL_HINT, NOOP_ACTION, quat_to_axis_angle
-from simulators.workers import make_vector_env
-
-HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-requires_libero = pytest.mark.skipif(
-    not HAVE_LIBERO, reason=f"LIBERO is not installed; install it with `{INSTALL_HINT}`"
-)
+from simulators.libero.suites import NOOP_ACTION, quat_to_axis_angle
+from tests.simulators.libero_common import INIT, MOVES, OPTIONS, SIZE, TASK, requires_libero
 
 ROOT = Path(__file__).resolve().parents[2]
-SIZE = 64
-OPTIONS = {"suite": "libero_goal", "image_size": SIZE, "render_size": 96, "max_steps": 4}
-TASK, INIT = 0, 3
 DRAWER_JOINT = "wooden_cabinet_1_middle_level"  # task 0 succeeds when it is < -0.14 (open)
-# Sparse-Jacobian structure arrays: scratch memory MuJoCo leaves unwritten when the Jacobian
-# is dense (asserted where they are skipped), so they hold whatever the arena held before.
-SPARSE_SCRATCH = {"efc_J_rownnz", "efc_J_rowsuper", "efc_J_colind"}
-# Actions that move the arm and close the gripper (a soft reset must undo both).
-MOVES = np.array(
-    [[0.6, -0.3, 0.4, 0.1, -0.2, 0.3, 1.0], [-0.5, 0.5, -0.2, 0.0, 0.2, -0.1, 1.0]], np.float32
-)
 
 
 def _axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -290,7 +269,7 @@ def test_process_pool_gives_the_in_process_episode(env):
         [[0.5, 0.2, -0.3, 0.0, 0.1, 0.0, 1.0], [-0.6, 0.4, 0.2, 0.1, 0.0, -0.2, -1.0]], np.float32
     )
     chunk = np.stack([actions, actions[::-1]], axis=1)  # (2 envs, 2 steps, 7)
-    pool = make_vector_env("libero", OPTIONS, 2, processes=2)
+    pool = SIMULATORS.get("libero")(OPTIONS, 2, processes=2)
     try:
         first = pool.reset([TASK, TASK], [INIT, INIT])
         assert pool.task_descriptions == ["open the middle drawer of the cabinet"] * 2
@@ -310,154 +289,6 @@ def test_process_pool_gives_the_in_process_episode(env):
     result = env.step_chunk(chunk[1:])
     np.testing.assert_array_equal(chunked.obs.image[1], result.obs.image[0])
     np.testing.assert_array_equal(chunked.obs.state[1], result.obs.state[0])
-
-
-def _arrays(struct, skip=frozenset()) -> dict[str, np.ndarray]:
-    """Copies of every array field of an ``mjData``/``mjModel`` (and ``time``)."""
-    out = {}
-    for name in dir(struct):
-        value = getattr(struct, name, None) if not name.startswith("_") else None
-        if isinstance(value, np.ndarray) and name not in skip:
-            out[name] = value.copy()
-    if hasattr(struct, "time"):
-        out["time"] = np.array(struct.time)
-    return out
-
-
-def _assert_same_arrays(got: dict, expected: dict, what: str) -> None:
-    assert got.keys() == expected.keys()
-    differ = [name for name in expected if not np.array_equal(got[name], expected[name])]
-    assert not differ, f"{what}: {differ} differ"
-
-
-def _episode(env, init: int) -> list:
-    """Reset to ``(TASK, init)`` and take MOVES: observations and every mjData array."""
-    scene_arrays = lambda: _arrays(env.scene(0).data, SPARSE_SCRATCH)  # noqa: E731
-    obs = env.reset([TASK], [init])
-    records = [(obs, scene_arrays(), _arrays(env.scene(0).model))]
-    for action in MOVES:
-        records.append((env.step(action[None]).obs, scene_arrays(), None))
-    return records
-
-
-@contextlib.contextmanager
-def _reset_mode(env, mode: str):
-    """Reset the module's env (the same built scene) the other way for a while."""
-    before, env.config.reset_mode = env.config.reset_mode, mode
-    try:
-        yield
-    finally:
-        env.config.reset_mode = before
-
-
-@pytest.mark.libero
-@requires_libero
-def test_soft_reset_is_a_hard_reset_also_after_another_episode(env):
-    with _reset_mode(env, "hard"):
-        hard = _episode(env, INIT)  # robosuite rebuilds the model
-    assert not mujoco.mj_isSparse(env.scene(0).model)  # SPARSE_SCRATCH is unused scratch
-    env.reset([TASK], [7])  # another episode: the arm moves, the gripper closes
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        env.step(np.concatenate([rng.uniform(-1, 1, (1, 6)), np.ones((1, 1))], axis=1))
-    soft = _episode(env, INIT)
-    for t, ((h_obs, h_data, h_model), (s_obs, s_data, s_model)) in enumerate(zip(hard, soft)):
-        for name in ("image", "wrist_image", "state"):
-            np.testing.assert_array_equal(getattr(s_obs, name), getattr(h_obs, name), name)
-        _assert_same_arrays(s_data, h_data, f"mjData after {t} steps")  # bit for bit
-        if h_model is not None:
-            _assert_same_arrays(s_model, h_model, "mjModel after the reset")
-    assert not np.allclose(hard[0][0].state, hard[-1][0].state, atol=1e-3)  # MOVES moved
-
-
-@pytest.mark.libero
-@requires_libero
-def test_scenes_of_a_task_share_a_renderer_and_are_kept_by_task(env):
-    expected = env.reset([TASK], [INIT])
-    expected_step = env.step(MOVES[:1]).obs
-    several = SIMULATORS.get("libero")(OPTIONS, 3)
-    try:
-        obs = several.reset([1, TASK, TASK], [INIT, INIT, INIT])
-        for row in (1, 2):  # the first scene of task 0 and one built from its snapshot
-            for name in ("image", "wrist_image", "state"):
-                np.testing.assert_array_equal(getattr(obs, name)[row], getattr(expected, name)[0])
-        assert sorted(several._assets) == [0, 1]
-        assert several.scene(1) is not several.scene(2)
-        stepped = several.step(np.repeat(MOVES[:1], 3, axis=0)).obs
-        for row in (1, 2):
-            np.testing.assert_array_equal(stepped.image[row], expected_step.image[0])
-            np.testing.assert_array_equal(stepped.state[row], expected_step.state[0])
-
-        # max_cached_tasks=1: the task-0 scenes are reused, task 1's is closed (and its
-        # renderer), one task-0 scene is built.
-        kept = {id(several.scene(1)), id(several.scene(2))}
-        again = several.reset([TASK, TASK, TASK], [INIT, INIT, INIT])
-        assert len(kept & {id(several.scene(i)) for i in range(3)}) == 2
-        assert sorted(several._assets) == [0]
-        for row in range(3):
-            np.testing.assert_array_equal(again.image[row], expected.image[0])
-    finally:
-        several.close()
-    assert several._assets == {}
-
-
-@pytest.mark.libero
-@requires_libero
-def test_each_task_is_drawn_with_its_own_gl_context(env):
-    # libero_goal tasks share one scene; a libero_spatial one has other meshes and textures.
-    options = {"suite": "libero_spatial", "image_size": SIZE, "cameras": ["agentview"]}
-    spatial = SIMULATORS.get("libero")({**options, "render_size": 0, "max_steps": 4}, 1)
-    try:
-        alone = spatial.reset([0], [0]).image  # drawn by the only GL context
-        env.reset([TASK], [INIT])  # the module env's renderer draws, so its context is current
-        np.testing.assert_array_equal(spatial.reset([0], [0]).image, alone)
-        scene, goal_renderer = spatial.scene(0), env._assets[TASK].renderer
-        wrong = scene.draw_observed(goal_renderer, "agentview", SIZE)[::-1, ::-1]
-        assert (wrong != alone[0]).mean() > 0.05  # what sharing one context across tasks gives
-    finally:
-        spatial.close()
-
-
-@pytest.mark.libero
-@requires_libero
-def test_envs_stepped_in_one_thread_draw_and_close_in_another(env):
-    # A DAG worker (a threaded Ray actor) steps its envs in one pool thread and closes them
-    # from another while the first lives on; an EGL context left current in a live thread
-    # cannot be made current in another (EGL_BAD_ACCESS).
-    other = SIMULATORS.get("libero")({**OPTIONS, "max_steps": 4}, 1)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as stepper:
-        stepper.submit(other.reset, [TASK], [INIT]).result()
-        stepped = stepper.submit(other.step, MOVES[:1]).result().obs.image
-        first = env.reset([TASK], [INIT]).image  # this thread draws with the module env
-        np.testing.assert_array_equal(env.step(MOVES[:1]).obs.image, stepped)
-        other.close()  # from this thread, while the stepping thread is alive
-        assert other._assets == {}
-    np.testing.assert_array_equal(env.reset([TASK], [INIT]).image, first)
-
-
-@pytest.mark.libero
-@requires_libero
-def test_scene_models_carry_no_texture_pixels_and_merge_shared_images(env):
-    # libero_goal task 0 has two textures of each of three image files (table, cabinet wood,
-    # stove metal); the pixels are covered by the raw-env test, which draws robosuite's way.
-    env.reset([TASK], [INIT])
-    scene = env.scene(0)
-    xml = scene.xml()
-    unmerged = mujoco.MjModel.from_xml_string(xml)
-    textured = scene.textured_model()
-    light = mujoco.MjModel.from_xml_string(without_texture_pixels(xml))
-    assert unmerged.ntex - textured.ntex == 3 == unmerged.ntex - scene.model.ntex
-    assert scene.model.tex_data.nbytes < 2**10 < 50 * 2**20 < textured.tex_data.nbytes
-    assert unmerged.nmat == textured.nmat == light.nmat
-    for name in [n for n in dir(light) if isinstance(getattr(light, n, None), np.ndarray)]:
-        if name.startswith(("tex_", "name", "_")):  # textures, the names buffer, sizes
-            continue
-        np.testing.assert_array_equal(getattr(light, name), getattr(textured, name), name)
-        if not name.startswith("mat_texid"):  # merged textures renumber the materials' ids
-            np.testing.assert_array_equal(getattr(light, name), getattr(unmerged, name), name)
-    # Merged away: duplicates of one image; the materials point at the one kept.
-    merged = with_shared_textures(xml)
-    assert merged.count("<texture ") == xml.count("<texture ") - 3
 
 
 # A rollout loop as a worker runs it, in a process of its own with a worker's allocator
@@ -483,7 +314,7 @@ thread.start()
 thread.join()
 print(json.dumps(rss))
 """
-RESET_LOOP_GROWTH_MB = 150.0  # one scene or renderer leaked per reset would be 100-350 MB each
+RESET_LOOP_GROWTH_MB = 150.0  # one scene or renderer leaked per reset would exceed it
 
 
 @pytest.mark.libero

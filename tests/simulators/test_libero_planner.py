@@ -21,9 +21,9 @@ import pytest
 
 from embodied_rl.cli import main
 from embodied_rl.data.demos import load_demo, scan_demo_file
-from simulators.libero_demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
-from simulators.libero_demos_cli import TaskReport, summarise, write_report
-from simulators.libero_goals import (
+from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
+from simulators.libero.demos_cli import TaskReport, summarise, write_report
+from simulators.libero.goals import (
     GoalAtom,
     PickPlace,
     UnsupportedGoalError,
@@ -31,7 +31,7 @@ from simulators.libero_goals import (
     pick_place_steps,
     read_sexp,
 )
-from simulators.libero_grasp import (
+from simulators.libero.grasp import (
     GraspLimits,
     convex_hull,
     down_rotation,
@@ -41,7 +41,7 @@ from simulators.libero_grasp import (
     polygons_overlap,
     yaw_of,
 )
-from simulators.libero_planner import PlannerConfig, rotation_error
+from simulators.libero.planner import PlannerConfig, rotation_error
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 requires_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO is not installed")
@@ -233,8 +233,8 @@ def test_scene_matches_the_robot_and_the_observation(env):
     the scene's reads agree with the simulator's proprio."""
     import mujoco
 
-    from simulators.libero_demos import _raw_env
-    from simulators.libero_privileged import PrivilegedScene
+    from simulators.libero.demos import _raw_env
+    from simulators.libero.privileged import PrivilegedScene
 
     obs = env.reset([1], [1])
     scene = PrivilegedScene(_raw_env(env))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS
-from simulators.base import check_vector_env
+from simulators.checker import check_vector_env
 from simulators.reach import (
     ARENA_HALF,
     CAMERA_FOVY,
@@ -56,7 +56,7 @@ def _run_episodes(env, policy, waves: int, seed: int = 0) -> tuple[np.ndarray, n
 
 
 def test_reach_is_registered_and_rejects_unknown_options():
-    assert SIMULATORS.get("reach") is build_reach
+    assert SIMULATORS.get("reach").build is build_reach  # @register_simulator("reach")
     with pytest.raises(ValueError, match="imge_size") as info:
         build_reach({"imge_size": 64}, 2)
     assert "image_size" in str(info.value) and "debug_hang_at_step" in str(info.value)

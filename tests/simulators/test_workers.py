@@ -1,7 +1,7 @@
 """Simulator processes: exact parity with the in-process env, fault recovery, clean shutdown.
 
-Every test here starts real spawned simulator processes (about 2 s each on 2 CPU cores:
-the child imports torch through ``embodied_rl``), so they use few processes and short runs.
+Every test here starts real spawned simulator processes (each takes seconds to start: the
+child imports torch through ``embodied_rl``), so they use few processes and short runs.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS, UnknownNameError
-from simulators.base import check_vector_env
-from simulators.reach import ReachVectorEnv, expert_actions
-from simulators.workers import SHM_PREFIX, ProcessVectorEnv, SimulatorWorkerError, make_vector_env
+from simulators.base import Simulator
+from simulators.checker import check_vector_env
+from simulators.reach import ReachVectorEnv, build_reach, expert_actions
+from simulators.workers import SHM_PREFIX, ProcessVectorEnv, SimulatorWorkerError
 
 TASKS, INITS = [0, 1, 2, 3], [4, 9, 16, 25]
 
@@ -75,24 +76,30 @@ def _assert_same(records, expected) -> None:
                 np.testing.assert_array_equal(a, b, err_msg=f"step {t}: {name}")
 
 
-def test_make_vector_env_in_process_and_errors_before_spawning():
-    assert SIMULATORS.get("processes") is make_vector_env  # the switch rollout/ can reach
-    env = make_vector_env("reach", {}, 3)
-    assert isinstance(env, ReachVectorEnv) and env.num_envs == 3
-    env.close()
-    with pytest.raises(ValueError, match="step_timeout_s"):
-        make_vector_env("reach", {}, 3, processes=0, step_timeout_s=1.0)
+def test_processes_is_an_option_of_a_simulator_checked_before_spawning():
+    # The pool is not a simulator: no registered name, and a lookup lists the real ones.
+    assert "processes" not in SIMULATORS
+    with pytest.raises(UnknownNameError, match="Known: .*reach"):
+        SIMULATORS.get("processes")
     with pytest.raises(UnknownNameError, match="Did you mean 'reach'"):
-        make_vector_env("reachh", {}, 2, processes=1)
+        SIMULATORS.get("reachh")
+    reach = SIMULATORS.get("reach")
+    assert isinstance(reach, Simulator) and reach.build is build_reach
+    for processes in (0, None):
+        env = reach({}, 3, processes=processes)
+        assert isinstance(env, ReachVectorEnv) and env.num_envs == 3
+        env.close()
+    with pytest.raises(ValueError, match="step_timeout_s"):
+        reach({}, 3, processes=0, step_timeout_s=1.0)
     with pytest.raises(ValueError, match="num_processes"):
-        make_vector_env("reach", {}, 2, processes=3)
+        reach({}, 2, processes=3)
     assert _our_shm_blocks() == []
 
 
 def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
     options = {"image_size": 32, "render_size": 24}
-    reference = make_vector_env("reach", options, 4)
-    env = make_vector_env("reach", options, 4, processes=2)
+    reference = SIMULATORS.get("reach")(options, 4)
+    env = SIMULATORS.get("reach")(options, 4, processes=2)
     pids, new_pids = env.child_pids(), []
     try:
         assert isinstance(env, ProcessVectorEnv) and env.spec == reference.spec
@@ -139,11 +146,11 @@ def _fault_env(tmp_path, fault: str, once: bool, **worker_options) -> ProcessVec
     options = {fault: 3}
     if once:
         options["debug_fault_once_path"] = str(tmp_path / "fault-fired")
-    return make_vector_env("reach", options, 2, processes=1, **worker_options)
+    return SIMULATORS.get("reach")(options, 2, processes=1, **worker_options)
 
 
 def test_hung_child_times_out_and_its_episode_is_rerun(tmp_path):
-    with make_vector_env("reach", {}, 2) as reference:
+    with SIMULATORS.get("reach")({}, 2) as reference:
         expected = _episode(reference, steps=6)
     env = _fault_env(tmp_path, "debug_hang_at_step", once=True, step_timeout_s=1.0)
     try:
@@ -160,7 +167,7 @@ def test_hung_child_times_out_and_its_episode_is_rerun(tmp_path):
 
 
 def test_exception_in_step_restarts_the_child(tmp_path, caplog):
-    with make_vector_env("reach", {}, 2) as reference:
+    with SIMULATORS.get("reach")({}, 2) as reference:
         expected = _episode(reference, steps=6)
     env = _fault_env(tmp_path, "debug_raise_at_step", once=True)
     try:
@@ -190,5 +197,5 @@ def test_gives_up_after_max_restarts_naming_the_envs(tmp_path):
 
 def test_child_that_cannot_build_its_env_fails_clearly_and_leaks_nothing():
     with pytest.raises(SimulatorWorkerError, match=r"(?s)failed to start.*num_tasks must be in"):
-        make_vector_env("reach", {"num_tasks": 99}, 2, processes=1)
+        SIMULATORS.get("reach")({"num_tasks": 99}, 2, processes=1)
     assert _our_shm_blocks() == []

@@ -2,7 +2,7 @@
 
 The old log-probs are the policy's own minus chosen offsets, so every token's ratio is known
 exactly (``r = exp(offset)``); the reference below recomputes each loss token by token from
-the formulas in ALGORITHMS.md.
+the formulas in docs/ALGORITHMS.md ("Policy losses").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from embodied_rl.data.layout import Layout
-from embodied_rl.nodes import train as _registers_train_node  # noqa: F401
+from embodied_rl.nodes import actor as _registers_train_node  # noqa: F401
 from embodied_rl.registry import NODE_TYPES, POLICIES, load_plugins
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.models import ModelStore

@@ -14,12 +14,12 @@ from embodied_rl.algorithms.marft import (
     team_reward_on_last_agent,
 )
 from embodied_rl.data.batch import make_batch
-from embodied_rl.nodes.marft import MarftAdvantageConfig, marft_advantage_node
+from embodied_rl.nodes.advantage import MarftAdvantageConfig, marft_advantage_node
+from embodied_rl.nodes.reward.tasks import digit_team_reward
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.tasks.digit_team import (
     DigitTeamRewardConfig,
     answer_digits,
-    digit_team_reward,
     team_answer,
 )
 

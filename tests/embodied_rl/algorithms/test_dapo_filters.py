@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embodied_rl.nodes.filters import DynamicSamplingConfig, informative_groups, overlong_penalty
+from embodied_rl.nodes.filter import DynamicSamplingConfig, informative_groups
+from embodied_rl.nodes.reward.overlong import overlong_penalty
 
 
 def test_overlong_penalty_by_hand():

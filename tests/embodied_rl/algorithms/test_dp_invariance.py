@@ -166,8 +166,8 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         world_size=world_size,
         timeout=timedelta(seconds=120),
     )
+    import embodied_rl.nodes  # noqa: F401  registers the core node types
     import policies  # noqa: F401  registers the causal_lm policy
-    from embodied_rl.nodes import train  # noqa: F401  registers the core node types
     from embodied_rl.registry import NODE_TYPES
     from embodied_rl.runtime.models import ModelStore
 

@@ -1,4 +1,4 @@
-"""GAE and global whitening against hand-computed numbers (ALGORITHMS.md, "GAE (PPO)")."""
+"""GAE and global whitening against hand-computed numbers (docs/ALGORITHMS.md, "GAE (PPO)")."""
 
 from __future__ import annotations
 

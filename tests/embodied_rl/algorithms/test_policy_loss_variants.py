@@ -15,7 +15,7 @@ from embodied_rl.algorithms.losses import (
     policy_loss,
 )
 from embodied_rl.dag.node_type import NodeConfigError
-from embodied_rl.nodes.train import ActorTrainConfig
+from embodied_rl.nodes.actor import ActorTrainConfig
 from embodied_rl.registry import NODE_TYPES
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

@@ -1,4 +1,4 @@
-"""SRPO rewards (ALGORITHMS.md, "SRPO") on hand-made embeddings with hand-computed rewards.
+"""SRPO rewards (docs/ALGORITHMS.md, "SRPO") on hand-made embeddings with hand-computed rewards.
 
 Shorthands used in the expected values: ``S(x) = 1 / (1 + exp(-x))``; the reference variant's
 failure reward is ``0.6 * S(10 * (0.5 - n))``, so ``n = 0 -> 0.6*S(5) = 0.595984``,
@@ -19,12 +19,13 @@ from embodied_rl.algorithms.srpo import (
     SrpoRewardConfig,
     dbscan,
     reference_points,
+    reference_shaping,
     srpo_paper_rewards,
     srpo_reference_rewards,
     tasks_without_reference,
 )
 from embodied_rl.data.layout import Layout
-from embodied_rl.nodes.srpo import SrpoNodeConfig, srpo_node
+from embodied_rl.nodes.reward.srpo import SrpoNodeConfig, srpo_node
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
@@ -40,9 +41,19 @@ def t(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def test_reward_bounds_are_those_of_algorithms_md():
-    assert TOP == pytest.approx(0.595984, abs=1e-6)
-    assert BOTTOM == pytest.approx(0.004016, abs=1e-6)
+def test_defaults_and_shaping_are_the_published_formula():
+    """docs/ALGORITHMS.md, "SRPO": DBSCAN(eps=0.5, min_samples=2), alpha 0.8 for the paper's
+    variant, and ``r = 0.6 * sigmoid(10 * (0.5 - n))``: 0.596 at n = 0, 0.3 at n = 0.5 and
+    0.004 at n = 1 (hand values of the formula, not of the code)."""
+    config = SrpoRewardConfig()
+    assert (config.variant, config.eps, config.min_samples) == ("reference", 0.5, 2)
+    assert (config.scale, config.sharpness, config.alpha) == (0.6, 10.0, 0.8)
+    # Distances 2, 3, 4 min-max normalise to n = 0, 0.5, 1 (the nearest failure scores most).
+    distances = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
+    rewards = reference_shaping(distances, config.scale, config.sharpness)
+    assert rewards.tolist() == pytest.approx([0.595984, 0.3, 0.004016], abs=1e-6)
+    # The shorthands the other tests use are those values.
+    assert (TOP, BOTTOM) == pytest.approx((rewards[0].item(), rewards[2].item()), abs=1e-12)
 
 
 def test_all_successes_get_one():

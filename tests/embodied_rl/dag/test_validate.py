@@ -7,7 +7,6 @@ import copy
 import pytest
 
 import embodied_rl.nodes  # noqa: F401  (registers the core node types)
-import embodied_rl.tasks  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.dag.spec import DagValidationError, validate_dag

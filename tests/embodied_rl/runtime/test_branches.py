@@ -34,10 +34,19 @@ def test_the_llm_branch_trains_exactly_as_grpo_llm_alone(tmp_path):
     alone = launch(
         compose("grpo_llm", [*steps, f"run_dir={tmp_path / 'alone'}"]), show_progress=False
     )
+    reach = compose("grpo_llm_srpo_reach")
+    episodes = reach.data.reach.batch_size * reach.rollout.reach.group_size  # per step
     for joint, single in zip(_metrics(both.run_dir), _metrics(alone.run_dir), strict=True):
         for key in COMPARED:
             assert joint[f"llm/{key}"] == pytest.approx(single[key], rel=1e-6), key
-        assert joint["reach/rollout/success_rate"] >= 0.0
+        # The reach branch's success rate is a count of its episodes' successes over their
+        # number, and the nodes that read the episodes after the rollout see the same ones:
+        # the binary reward's mean, and SRPO's rate (the filter keeps every group here).
+        rate = joint["reach/rollout/success_rate"]
+        successes = round(rate * episodes)
+        assert 0 <= successes <= episodes and rate == pytest.approx(successes / episodes), rate
+        assert joint["reach/reward/mean"] == pytest.approx(rate, abs=1e-9)
+        assert joint["reach/srpo/success_rate"] == pytest.approx(rate, abs=1e-9)
         assert not any(key.startswith(("reward/", "actor/", "loss/")) for key in joint)
 
 

@@ -51,7 +51,7 @@ def _batch(policy):
     ids = [policy.tokenizer(p)["input_ids"] for p in PROMPTS]
     width = max(len(i) for i in ids)
     pad = policy.pad_token_id
-    digits = policy.allowed_ids[:-1]
+    digits = policy.allowed_ids[:-1].cpu()  # a buffer: on the GPU for a CUDA policy
     lengths = torch.tensor([4, 1, 3, 2, 4, 4, 1, 3])
     mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
     response = digits[torch.randint(0, len(digits), (8, WIDTH), generator=gen)]
@@ -64,7 +64,7 @@ def _batch(policy):
         }
     )
     with torch.no_grad():
-        logprobs = policy.evaluate(batch)[0]
+        logprobs = policy.evaluate(batch)[0].cpu()
     batch[K.OLD_LOGPROBS] = (logprobs + 0.3 * torch.randn(logprobs.shape, generator=gen)) * mask
     batch[K.ADVANTAGES] = torch.randn(8, WIDTH, generator=gen) * mask
     return batch
@@ -156,7 +156,7 @@ def _checkpoint_round_trip(store, batch, rank: int, root: Path) -> dict:
 
 def _skip_on_bad_loss(rank: int) -> dict:
     """A NaN loss on rank 1 only: both ranks skip, the weights stay as they were."""
-    from embodied_rl.nodes.train import mini_batch_update
+    from embodied_rl.training.updates import mini_batch_update
 
     store = _store("fsdp")
     policy = _build(store)
@@ -196,7 +196,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         timeout=timedelta(seconds=120),
     )  # fmt: skip
     import policies  # noqa: F401  registers the causal_lm policy
-    from embodied_rl.nodes import train  # noqa: F401  registers actor.train
+    from embodied_rl.nodes import actor  # noqa: F401  registers actor.train
     from embodied_rl.runtime.fsdp import chunked_forward, is_fsdp
 
     results: dict = {}
@@ -329,13 +329,31 @@ def test_fsdp_over_a_group_that_misses_holders_is_an_error(ranks):
     assert "tp 2" in message and "parallel.strategy: ddp" in message
 
 
+def test_block_input_cast_reaches_nested_floats_and_leaves_the_rest():
+    """The pre-hook that stands in for FSDP2's input cast while a checkpointed block is
+    recomputed: float tensors (also inside tuples, as rotary (cos, sin)) take the compute
+    dtype; integer and bool tensors and non-tensors are passed through untouched."""
+    from embodied_rl.runtime.fsdp import cast_inputs
+
+    hidden, cos, sin = torch.randn(2, 3), torch.randn(3), torch.randn(3)
+    ids, mask = torch.arange(3), torch.ones(3, dtype=torch.bool)
+    args, kwargs = cast_inputs(
+        None, (hidden, ids), {"position_embeddings": (cos, sin), "mask": mask, "n": 2},
+        torch.bfloat16,
+    )  # fmt: skip
+    assert args[0].dtype == torch.bfloat16 and torch.equal(args[0], hidden.to(torch.bfloat16))
+    assert args[1] is ids
+    assert [t.dtype for t in kwargs["position_embeddings"]] == [torch.bfloat16] * 2
+    assert kwargs["mask"] is mask and kwargs["n"] == 2
+
+
 # ----------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_fsdp_bf16_offload_and_checkpointing_train_on_cuda():
     """One NCCL rank: bf16 blocks, CPU-offloaded shards, gradient checkpointing, 2 updates."""
     import policies  # noqa: F401  registers causal_lm
     from embodied_rl.data.layout import Layout
-    from embodied_rl.nodes import train  # noqa: F401  registers actor.train
+    from embodied_rl.nodes import actor  # noqa: F401  registers actor.train
     from embodied_rl.registry import NODE_TYPES
     from embodied_rl.runtime.context import NodeContext
     from embodied_rl.runtime.fsdp import transformer_blocks

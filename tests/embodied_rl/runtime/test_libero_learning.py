@@ -72,7 +72,7 @@ def sft_run(tmp_path_factory) -> Path:
     return launch(compose("sft_libero", overrides), show_progress=False).run_dir
 
 
-@pytest.mark.timeout(1200)  # 1.1 minutes on 2 idle cores (the SFT fixture)
+@pytest.mark.timeout(1200)  # the SFT fixture; timings: BENCHMARKS.md, "The reduced version CI runs"
 def test_one_demo_sft_replays_its_task_to_success(sft_run):
     lines = _metrics(sft_run)
     assert lines[-1]["sft/loss"] < 0.25 * lines[0]["sft/loss"], (lines[0], lines[-1])
@@ -82,7 +82,7 @@ def test_one_demo_sft_replays_its_task_to_success(sft_run):
     assert lines[-1]["eval/success_rate"] >= 2 / TRAIN_INITS, lines[-1]
 
 
-@pytest.mark.timeout(1500)  # 7.1 minutes on 2 idle cores (14 on a busy machine)
+@pytest.mark.timeout(1500)  # timings: BENCHMARKS.md, "The reduced version CI runs"
 def test_srpo_from_the_sft_policy_raises_its_success(sft_run, tmp_path):
     """8 SRPO steps of 4 groups x 8 episodes on the 8 training init states.
 

@@ -23,19 +23,19 @@ import embodied_rl.nodes  # noqa: F401  (registers the train, critic and fault n
 import policies  # noqa: F401  (registers the mlp policy)
 from embodied_rl import keys as K
 from embodied_rl.checkpoint import check_weights_only_safe, latest_checkpoint, load_rank_shard
-from embodied_rl.nodes.faults import FaultConfig, poison
-from embodied_rl.nodes.train import (
+from embodied_rl.nodes.fault import FaultConfig, poison
+from embodied_rl.registry import NODE_TYPES
+from embodied_rl.runtime.config import compose
+from embodied_rl.runtime.context import NodeContext
+from embodied_rl.runtime.launcher import RunFailed, launch
+from embodied_rl.runtime.models import ModelStore, OptimizerConfig
+from embodied_rl.training.guard import (
     BAD_STEPS_STATE,
     BadStepCounter,
     NonFiniteTrainingError,
     count_bad_steps,
     guarded_step,
 )
-from embodied_rl.registry import NODE_TYPES
-from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.context import NodeContext
-from embodied_rl.runtime.launcher import RunFailed, launch
-from embodied_rl.runtime.models import ModelStore, OptimizerConfig
 
 CPU = torch.device("cpu")
 MLP = {"state_dim": 3, "action_dim": 2, "hidden": [8], "seed": 0}
@@ -130,7 +130,7 @@ def test_a_skipped_update_leaves_weights_and_adam_state_unchanged(key, value, ca
     weights, optim = snapshot(store, "actor")
     assert optim["state"][0]["exp_avg"].abs().sum() > 0
 
-    with caplog.at_level(logging.WARNING, logger="embodied_rl.nodes.train"):
+    with caplog.at_level(logging.WARNING, logger="embodied_rl.training.guard"):
         bad = run_step("actor.train", ctx, poison(batch.clone(), key, value), step=1)
 
     assert "step 1, node 'train': skipped an update" in caplog.text

@@ -28,6 +28,10 @@ from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.runtime.launcher import launch
 from embodied_rl.runtime.models import ModelStore
+from tests.embodied_rl.runtime.ppo_metrics import (
+    ONE_CRITIC_UPDATE,
+    assert_value_loss_is_half_the_mean_squared_advantage,
+)
 
 CPU = torch.device("cpu")
 EOS = 151643
@@ -275,15 +279,14 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.ray
 def test_ppo_llm_runs_and_checkpoints_actor_and_critic(tmp_path):
-    cfg = compose("ppo_llm", [*SMALL, "trainer.total_steps=3", f"run_dir={tmp_path}"])
-    result = launch(cfg, show_progress=False)
+    overrides = [*SMALL, *ONE_CRITIC_UPDATE, "trainer.total_steps=3", f"run_dir={tmp_path}"]
+    result = launch(compose("ppo_llm", overrides), show_progress=False)
     lines = _metrics(result.run_dir)
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines:
         for key in ("critic/value_loss", "critic/grad_norm", "loss/policy", "actor/grad_norm"):
             assert math.isfinite(m[key]), (key, m)
-        assert m["critic/value_loss"] >= 0.0
-        assert 0.0 <= m["critic/vf_clip_fraction"] <= 1.0
+        assert_value_loss_is_half_the_mean_squared_advantage(m)
         assert 0.0 <= m["critic/returns_mean"] <= 1.0  # gamma 1: returns = rewards in [0, 1]
     ckpt = latest_checkpoint(result.run_dir / "checkpoints")
     shards = [load_rank_shard(ckpt, r, world_size=2)["models"] for r in (0, 1)]
@@ -302,7 +305,7 @@ def test_ppo_llm_reward_rises_clearly(tmp_path):
     rewards = [m["reward/mean"] for m in _metrics(result.run_dir)]
     assert len(rewards) == 40
     start, end = statistics.mean(rewards[:3]), statistics.mean(rewards[-10:])
-    # Measured (seed 0, 2 CPU workers, ~250 s on a loaded 2-core machine): about 0.068 over
+    # Measured (seed 0, 2 CPU workers): about 0.068 over
     # the first 3 steps and 0.247 over the last 10 (GRPO on the same task: 0.065 -> 0.21).
     assert end > start + 0.06, (start, end, rewards)
     assert end > 2 * rewards[0], (rewards[0], end)

@@ -23,7 +23,7 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.algorithms.srpo import srpo_reference_rewards
 from embodied_rl.data.layout import Layout
-from embodied_rl.nodes.srpo import SrpoNodeConfig, srpo_node
+from embodied_rl.nodes.reward.srpo import SrpoNodeConfig, srpo_node
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
 pytestmark = pytest.mark.ray

@@ -1,0 +1,96 @@
+"""The row-check pass of the prompt loader: which rows of a file are usable, and why not.
+
+The rules (``REASONS``, which of them refuse the file) are described in
+``embodied_rl.data.dataloader``. Each data-parallel rank may check one block of rows;
+``merge_checks`` joins the blocks of all ranks into the whole file's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from embodied_rl.data.prompt_files import JsonlSource, ParquetSource
+
+_TOKENIZE_CHUNK = 1024  # prompts per count_tokens call
+# Why a row is not used; a row's status byte is 1 + its reason's index (0: usable).
+REASONS = ("malformed", "missing_field", "empty", "too_long")
+REFUSED = ("malformed", "missing_field")  # errors unless on_bad_row="drop"
+
+
+def row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
+    """``(reason, what is wrong)`` for a parsed row that cannot be used, else ``None``."""
+    if not isinstance(record, dict):
+        return "malformed", f"is not a JSON object (got {type(record).__name__})"
+    for name in fields:
+        if record.get(name) is None:
+            return "missing_field", f"lacks the required field {name!r}"
+    prompt = record["prompt"]
+    if not isinstance(prompt, str):
+        return "malformed", f"has a prompt of type {type(prompt).__name__}, expected a string"
+    if not prompt.strip():
+        return "empty", "has an empty prompt"
+    return None
+
+
+class RowCheck:
+    """The row-check pass over rows ``first..stop-1`` of a source (the rules are in the
+    docstring of ``embodied_rl.data.dataloader``).
+
+    Attributes:
+        status: one byte per row of the block: 0 usable, else 1 + the index in ``REASONS``.
+        first_seen: per reason, the first ``(row, problem)`` in the block.
+    """
+
+    def __init__(
+        self,
+        source: JsonlSource | ParquetSource,
+        fields: Sequence[str],
+        first: int,
+        stop: int,
+        max_prompt_tokens: int | None,
+        count_tokens: Callable[[list[str]], Sequence[int]] | None,
+    ) -> None:
+        self.first = first
+        self.status = bytearray(stop - first)
+        self.first_seen: dict[str, tuple[int, str]] = {}
+        self._limit, self._count_tokens = max_prompt_tokens, count_tokens
+        pending: list[tuple[int, str]] = []  # usable so far; their length is checked in chunks
+        for row, record, error in source.scan(first, stop):
+            problem = ("malformed", error) if error else row_problem(record, fields)
+            if problem is not None:
+                self._mark(row, *problem)
+            elif max_prompt_tokens is not None:
+                pending.append((row, record["prompt"]))
+                if len(pending) == _TOKENIZE_CHUNK:
+                    self._check_lengths(pending)
+                    pending = []
+        self._check_lengths(pending)
+
+    def _mark(self, row: int, reason: str, problem: str) -> None:
+        self.status[row - self.first] = 1 + REASONS.index(reason)
+        self.first_seen.setdefault(reason, (row, problem))
+
+    def _check_lengths(self, pending: list[tuple[int, str]]) -> None:
+        if not pending or self._limit is None or self._count_tokens is None:
+            return
+        counts = self._count_tokens([prompt for _, prompt in pending])
+        for (row, _), count in zip(pending, counts):
+            if count > self._limit:
+                self._mark(
+                    row, "too_long", f"has a prompt of {count} tokens, more than {self._limit}"
+                )
+
+
+def merge_checks(
+    parts: Sequence[tuple[int, bytes, dict[str, tuple[int, str]]]],
+) -> tuple[bytes, dict[str, tuple[int, str]]]:
+    """The whole file's status bytes and first problems from every rank's ``(dp_rank, ...)``."""
+    ordered = sorted(parts, key=lambda part: part[0])
+    status = b"".join(part[1] for part in ordered)
+    first_seen: dict[str, tuple[int, str]] = {}
+    for _, _, seen in ordered:
+        for reason, found in seen.items():
+            if reason not in first_seen or found[0] < first_seen[reason][0]:
+                first_seen[reason] = found
+    return status, first_seen

@@ -1,0 +1,108 @@
+"""The SRPO reward node ``reward.srpo`` (docs/ALGORITHMS.md, "SRPO"), feeding the GRPO advantage node.
+
+The reference implementation compares a failure only with the successes in one GPU's local
+batch, so a task whose successes happen to sit on another worker gets no shaping there. With
+``reference_scope: global`` (the default) every worker all-gathers the small
+(embedding, success, task id) rows of the node's whole data-parallel group, computes the
+rewards of the global batch (identically on every rank: the computation is deterministic and
+in float64) and keeps its own rows. ``local`` reproduces the per-GPU behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.algorithms.srpo import (
+    SrpoRewardConfig,
+    srpo_rewards,
+    tasks_without_reference,
+    valid_embeddings,
+)
+from embodied_rl.dag.node_type import register_node
+from embodied_rl.runtime.context import NodeContext
+
+SCOPES = ("global", "local")
+
+
+@dataclass
+class SrpoNodeConfig(SrpoRewardConfig):
+    """Options of ``reward.srpo``: the reward options plus where the reference set comes from.
+
+    Attributes:
+        reference_scope: ``global`` (successes of all dp workers of the node) or ``local``
+            (this worker's batch only, as in the reference implementation).
+    """
+
+    reference_scope: str = "global"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reference_scope not in SCOPES:
+            raise ValueError(
+                f"srpo reference_scope must be one of {SCOPES}, got {self.reference_scope!r}"
+            )
+
+
+def _gather_inputs(
+    ctx: NodeContext, embeddings: torch.Tensor, success: torch.Tensor, task_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """All dp ranks' (N, D) embeddings, (N,) success and (N,) task ids, and this rank's rows.
+
+    The three are packed into one (B, D + 2) float64 tensor per rank (task ids are exact in
+    float64 up to 2**53) and concatenated in dp-rank order.
+    """
+    packed = torch.cat(
+        [embeddings.double(), success.double()[:, None], task_ids.double()[:, None]], dim=-1
+    )
+    everyone, mine = ctx.gather_rows_over_dp(packed.cpu())
+    return everyone[:, :-2], everyone[:, -2].bool(), everyone[:, -1].long(), mine
+
+
+@register_node(
+    "reward.srpo",
+    reads=(K.TRAJ_EMBEDDING, K.SUCCESS, K.TASK_ID),
+    writes=(K.REWARDS,),
+    config=SrpoNodeConfig,
+)
+def srpo_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """REWARDS (B,) float32: 1 for a success, the SRPO-shaped distance reward for a failure.
+
+    Metrics: ``srpo/success_rate`` (mean over samples), ``srpo/failure_reward_mean`` (mean
+    over valid failures), ``srpo/tasks_without_reference`` (task keys whose failures could not
+    be shaped for want of a success in the reference set; with ``local`` scope the largest
+    count over the workers).
+    """
+    cfg: SrpoNodeConfig = ctx.node_config
+    embeddings = batch[K.TRAJ_EMBEDDING].detach().cpu()
+    success = batch[K.SUCCESS].detach().cpu().bool()
+    task_ids = batch[K.TASK_ID].detach().cpu().long()
+    if cfg.reference_scope == "global":
+        embeddings, success, task_ids, mine = _gather_inputs(ctx, embeddings, success, task_ids)
+    else:
+        mine = slice(0, len(success))
+    rewards = srpo_rewards(embeddings, success, task_ids, cfg)
+    missing = tasks_without_reference(embeddings, success, task_ids)
+    batch[K.REWARDS] = rewards[mine].to(batch[K.SUCCESS].device)
+    _log_metrics(ctx, rewards[mine], success[mine], valid_embeddings(embeddings[mine]), missing)
+    return batch
+
+
+def _log_metrics(
+    ctx: NodeContext,
+    rewards: torch.Tensor,
+    success: torch.Tensor,
+    valid: torch.Tensor,
+    missing: int,
+) -> None:
+    """Log this rank's share of the SRPO metrics (weights make the means global)."""
+    if len(rewards):
+        ctx.metrics.log("srpo/success_rate", float(success.float().mean()), weight=len(rewards))
+    failures = ~success & valid
+    if failures.any():
+        count = int(failures.sum())
+        ctx.metrics.log("srpo/failure_reward_mean", float(rewards[failures].mean()), weight=count)
+    ctx.metrics.log("srpo/tasks_without_reference", missing, reduce="max")

@@ -1,0 +1,175 @@
+"""The typed sections of a run config (``workers``, ``trainer``, ``ray``, ``eval``), the
+top-level scalars, and which top-level keys a run config may have.
+
+Each section is a dataclass whose ``__post_init__`` checks its ranges; :func:`section`
+builds one from the composed config with unknown keys and wrong types as ConfigErrors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omegaconf import DictConfig
+
+from embodied_rl.checks import check_fields, check_range
+from embodied_rl.dag.node_type import NodeConfigError, build_dataclass
+from embodied_rl.data.tasks import SPLITS
+from embodied_rl.runtime.config_errors import ConfigError, plain_value
+
+# One worker per device: more than this is a typo, and would only stall the validator.
+MAX_WORKERS = 1 << 16
+
+
+@dataclass
+class RunOptions:
+    """The top-level scalars of a run config (the sections are checked on their own)."""
+
+    name: str
+    seed: int = 0
+    device: str = "cpu"
+    resume: bool = False
+    run_dir: str | None = None
+    output_root: str = "outputs"
+    plugins: list[str] | None = None
+
+
+@dataclass
+class WorkersConfig:
+    """``workers``: one DAG worker per device bundle."""
+
+    num_workers: int = 2
+    cpus_per_worker: float = 1.0
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("num_workers", "cpus_per_worker", "torch_threads"), 0, low_open=True)
+        check_range("num_workers", self.num_workers, high=MAX_WORKERS)
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer``: the step loop around the DAG.
+
+    ``time_limit_min`` ends training early: after the step during which that many minutes of
+    training wall time (``time/elapsed_s``, resumed attempts included) have passed, with the
+    final evaluation and checkpoint; ``null`` runs all ``total_steps``.
+    """
+
+    total_steps: int = 10
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+    collective_timeout_s: float = 300.0
+    plot_keys: tuple[str, ...] = ("reward/mean",)
+    log_to_console: bool = True  # rank 0 prints a line per step (off under a progress bar)
+    time_limit_min: float | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self, ("total_steps", "keep_checkpoints", "collective_timeout_s"), 0, low_open=True
+        )
+        check_range("checkpoint_every", self.checkpoint_every, 0)
+        check_range("time_limit_min", self.time_limit_min, 0, low_open=True)
+
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass
+class RayConfig:
+    """``ray``: ``address: null`` starts an embedded local cluster; ``auto`` joins one.
+
+    Attributes:
+        address: ``null`` (embedded cluster on this machine), ``auto`` (the cluster this
+            machine is a node of) or ``host:port`` of a head node's GCS.
+        num_cpus: logical CPUs of the embedded cluster (default: enough for the workers).
+        poll_interval_s: how often the driver asks the workers for their status.
+        placement_strategy: how the workers' bundles are placed on the nodes (Ray's placement
+            group strategies): ``PACK`` fills as few nodes as possible (the least traffic
+            between nodes), ``SPREAD`` spreads them over the nodes.
+        connect_timeout_s: how long reaching ``address`` may take before the run is refused.
+        placement_timeout_s: how long the cluster may take to place every worker.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    poll_interval_s: float = 0.5
+    placement_strategy: str = "PACK"
+    connect_timeout_s: float = 15.0
+    placement_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        positive = ("num_cpus", "poll_interval_s", "connect_timeout_s", "placement_timeout_s")
+        check_fields(self, positive, 0, low_open=True)
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                f"got {self.placement_strategy!r}"
+            )
+
+
+@dataclass
+class EvalConfig:
+    """``eval``: when the evaluation DAG (``eval_dag``) runs during training.
+
+    Attributes:
+        every: run it after every ``every`` training steps (0: never during training).
+        at_end: run it once more after the last step.
+        batch_size: (task, init state) pairs evaluated each time, over all workers.
+        max_videos: videos written each time, over all workers.
+        suite_name: shown in the report's title (e.g. the LIBERO suite).
+        split: init states evaluated: ``heldout`` (never trained on; the default), ``train``
+            or ``all`` (see ``embodied_rl/data/tasks.py``).
+        name: metric prefix (``<name>/success_rate``) and report folder under the run dir;
+            give another split its own, e.g. ``eval.split=train eval.name=eval_train``.
+    """
+
+    every: int = 0
+    at_end: bool = False
+    batch_size: int = 8
+    max_videos: int = 8
+    suite_name: str = ""
+    split: str = "heldout"
+    name: str = "eval"
+
+    def __post_init__(self) -> None:
+        check_range("batch_size", self.batch_size, 0, low_open=True)
+        check_fields(self, ("every", "max_videos"), 0)
+        if self.split not in SPLITS:
+            raise ValueError(f"eval.split must be one of {SPLITS}, got {self.split!r}")
+
+
+SECTIONS = {
+    "workers": WorkersConfig,
+    "trainer": TrainerConfig,
+    "ray": RayConfig,
+    "eval": EvalConfig,
+}
+# Sections that DAG nodes read through interpolation (``config: ${rollout}``); a key of them
+# that no interpolation refers to would be silently ignored, so it is an error.
+NODE_FED_SECTIONS = (
+    "data",
+    "rollout",
+    "reward",
+    "algorithm",
+    "simulator",
+    "encoder",
+    "srpo",
+    "agents",  # per-agent settings of a multi-agent DAG (e.g. each agent's workers)
+)
+TOP_LEVEL = (
+    {f.name for f in fields(RunOptions)}
+    | set(SECTIONS)
+    | set(NODE_FED_SECTIONS)
+    | {"models", "dag", "eval_dag"}
+)
+
+
+def section(cfg: DictConfig | Mapping[str, Any], name: str) -> Any:
+    """The typed dataclass of a section; unknown keys and wrong types are ConfigErrors."""
+    raw = plain_value(cfg, name)
+    try:
+        return build_dataclass(SECTIONS[name], {} if raw is None else raw, name)
+    except NodeConfigError as err:
+        raise ConfigError(err.problem, err.fix) from None

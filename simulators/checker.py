@@ -1,0 +1,221 @@
+"""An env checker: runs a vector env through the contract of :mod:`simulators.base`.
+
+``check_vector_env(env)`` resets, steps (single actions and chunks) and, optionally, runs a
+full episode, and raises :class:`EnvCheckError` naming the first broken rule: shapes and
+dtypes of observations and step results, finished envs that stay latched, reproducible
+resets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulators.base import EnvSpec, Obs, StepResult, VectorEnv
+
+
+class EnvCheckError(AssertionError):
+    """A vector env broke the interface contract (raised by :func:`check_vector_env`)."""
+
+
+def _expect(condition: bool, message: str) -> None:
+    # Not ``assert``: the checker must also work under ``python -O``.
+    if not condition:
+        raise EnvCheckError(message)
+
+
+def _check_obs(obs: Obs, spec: EnvSpec, num_envs: int, where: str) -> None:
+    _expect(isinstance(obs, Obs), f"{where}: expected an Obs, got {type(obs).__name__}")
+    state = obs.state
+    _expect(
+        isinstance(state, np.ndarray) and state.dtype == np.float32,
+        f"{where}: state must be a float32 array, got {getattr(state, 'dtype', type(state))}",
+    )
+    _expect(
+        state.shape == (num_envs, spec.state_dim),
+        f"{where}: state shape {state.shape} != {(num_envs, spec.state_dim)}",
+    )
+    _expect(bool(np.all(np.isfinite(state))), f"{where}: state has NaN or inf")
+    if spec.image_shape is None:
+        _expect(obs.image is None, f"{where}: spec has no image_shape but obs.image is set")
+        return
+    image = obs.image
+    _expect(
+        isinstance(image, np.ndarray) and image.dtype == np.uint8,
+        f"{where}: image must be a uint8 array, got {getattr(image, 'dtype', type(image))}",
+    )
+    expected = (num_envs, *spec.image_shape)
+    _expect(image.shape == expected, f"{where}: image shape {image.shape} != {expected}")
+    _expect(int(image.max()) > int(image.min()), f"{where}: image is a single flat colour")
+
+
+def _check_step(result: StepResult, spec: EnvSpec, num_envs: int, where: str) -> None:
+    _expect(isinstance(result, StepResult), f"{where}: expected a StepResult")
+    _check_obs(result.obs, spec, num_envs, where)
+    for name, dtype in (("reward", np.float32), ("done", np.bool_), ("success", np.bool_)):
+        value = getattr(result, name)
+        _expect(
+            isinstance(value, np.ndarray) and value.dtype == dtype and value.shape == (num_envs,),
+            f"{where}: {name} must be a ({num_envs},) {np.dtype(dtype).name} array, got "
+            f"{getattr(value, 'dtype', type(value))} {getattr(value, 'shape', '')}",
+        )
+    _expect(bool(np.all(np.isfinite(result.reward))), f"{where}: reward has NaN or inf")
+    _expect(
+        not np.any(result.success & ~result.done), f"{where}: success is set on an env not done"
+    )
+
+
+def _check_latched(before: StepResult, after: StepResult, where: str) -> None:
+    """Envs done before a step must be unchanged by it (final obs, reward 0, same flags)."""
+    done = before.done
+    _expect(bool(np.all(after.done[done])), f"{where}: an env that was done is not done")
+    _expect(
+        np.array_equal(after.success[done], before.success[done]),
+        f"{where}: success of a done env changed",
+    )
+    _expect(bool(np.all(after.reward[done] == 0)), f"{where}: a done env got a reward")
+    _expect(
+        np.array_equal(after.obs.state[done], before.obs.state[done]),
+        f"{where}: the state of a done env changed",
+    )
+    if before.obs.image is not None:
+        _expect(
+            np.array_equal(after.obs.image[done], before.obs.image[done]),
+            f"{where}: the image of a done env changed",
+        )
+
+
+def _same_obs(a: Obs, b: Obs) -> bool:
+    same_image = (a.image is None and b.image is None) or (
+        a.image is not None and b.image is not None and np.array_equal(a.image, b.image)
+    )
+    return same_image and np.array_equal(a.state, b.state)
+
+
+def _check_episode(env: VectorEnv, actions: np.ndarray, where: str) -> list[StepResult]:
+    """Step ``actions`` (``(T, N, A)``), checking every result and the done latch."""
+    spec, num_envs = env.spec, env.num_envs
+    results: list[StepResult] = []
+    for t, action in enumerate(actions):
+        result = env.step(action)
+        _check_step(result, spec, num_envs, f"{where} step {t + 1}")
+        if results:
+            _check_latched(results[-1], result, f"{where} step {t + 1}")
+        results.append(result)
+    return results
+
+
+def check_vector_env(
+    env: VectorEnv, num_steps: int = 5, seed: int = 0, full_episode: bool = True
+) -> None:
+    """Check that ``env`` honours the :class:`VectorEnv` contract (like gymnasium's checker).
+
+    Resets to a mix of tasks and init states, steps uniform random actions, and verifies
+    shapes, dtypes and ranges of everything returned, the task descriptions, ``render()``,
+    that a wrong action shape is refused, that resetting to the same ``(task, init_state)``
+    gives the same observation and that the same actions then give the same results, that
+    ``step_chunk`` over those actions ends with the same observations and flags and the
+    summed rewards, and (``full_episode``) that every env is done after ``spec.max_steps``
+    steps and stays done.
+
+    Raises:
+        EnvCheckError: naming the first broken rule.
+    """
+    spec, num_envs = env.spec, env.num_envs
+    _expect(isinstance(spec, EnvSpec), f"env.spec must be an EnvSpec, got {type(spec).__name__}")
+    _expect(isinstance(num_envs, int) and num_envs >= 1, f"bad num_envs {num_envs!r}")
+    rng = np.random.default_rng(seed)
+    index = np.arange(num_envs)
+    tasks = index % spec.num_tasks
+    inits = (index * 7 + seed) % spec.num_init_states  # spread over the init states
+    first = env.reset(tasks, inits)
+    _check_obs(first, spec, num_envs, "reset")
+    descriptions = env.task_descriptions
+    _expect(
+        isinstance(descriptions, list)
+        and len(descriptions) == num_envs
+        and all(isinstance(d, str) and d for d in descriptions),
+        f"task_descriptions must be {num_envs} non-empty strings, got {descriptions!r}",
+    )
+    low, high = spec.action_bounds()
+    actions = rng.uniform(low, high, size=(num_steps, num_envs, spec.action_dim))
+    results = _check_episode(env, actions.astype(np.float32), "random")
+    if spec.render_shape is not None:
+        frames = env.render()
+        expected = (num_envs, *spec.render_shape)
+        _expect(
+            isinstance(frames, np.ndarray)
+            and frames.dtype == np.uint8
+            and frames.shape == expected,
+            f"render() must return a {expected} uint8 array, got "
+            f"{getattr(frames, 'dtype', type(frames))} {getattr(frames, 'shape', '')}",
+        )
+    try:
+        env.step(np.zeros((num_envs, spec.action_dim + 1), np.float32))
+    except ValueError:
+        pass
+    else:
+        raise EnvCheckError("step accepted actions of the wrong shape (expected ValueError)")
+    again = env.reset(tasks, inits)
+    _expect(_same_obs(first, again), "reset to the same (task, init_state) gave another obs")
+    _expect(env.task_descriptions == descriptions, "task descriptions changed on the same reset")
+    replay = _check_episode(env, actions.astype(np.float32), "replay")
+    for t, (a, b) in enumerate(zip(results, replay)):
+        same = _same_obs(a.obs, b.obs) and all(
+            np.array_equal(getattr(a, k), getattr(b, k)) for k in ("reward", "done", "success")
+        )
+        _expect(same, f"the same actions after the same reset differ at step {t + 1}")
+    _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
+    if full_episode:
+        _check_full_episode(env, tasks, inits, rng)
+
+
+def _check_chunks(
+    env: VectorEnv,
+    tasks: np.ndarray,
+    inits: np.ndarray,
+    actions: np.ndarray,
+    results: list[StepResult],
+) -> None:
+    """``step_chunk`` over ``actions`` (``(T, N, A)``, in two chunks) ends where ``step`` did."""
+    spec, num_envs = env.spec, env.num_envs
+    env.reset(tasks, inits)
+    try:
+        env.step_chunk(np.zeros((num_envs, spec.action_dim), np.float32))
+    except ValueError:
+        pass
+    else:
+        raise EnvCheckError("step_chunk accepted (N, A) actions (expected ValueError)")
+    split = max(1, len(actions) // 2)
+    parts = [part for part in (actions[:split], actions[split:]) if len(part)]
+    end = 0
+    for i, part in enumerate(parts):
+        result = env.step_chunk(np.swapaxes(part, 0, 1))  # (N, C, A)
+        end += len(part)
+        where = f"step_chunk {i + 1} (steps {end - len(part) + 1}..{end})"
+        _check_step(result, spec, num_envs, where)
+        expected = results[end - 1]
+        _expect(
+            _same_obs(result.obs, expected.obs)
+            and np.array_equal(result.done, expected.done)
+            and np.array_equal(result.success, expected.success),
+            f"{where}: the observation or flags differ from {len(part)} single steps",
+        )
+        summed = np.sum([r.reward for r in results[end - len(part) : end]], axis=0)
+        _expect(
+            bool(np.allclose(result.reward, summed, rtol=1e-6, atol=1e-6)),
+            f"{where}: reward {result.reward} is not the sum of the single steps' {summed}",
+        )
+
+
+def _check_full_episode(
+    env: VectorEnv, tasks: np.ndarray, inits: np.ndarray, rng: np.random.Generator
+) -> None:
+    spec = env.spec
+    env.reset(tasks, inits)
+    low, high = spec.action_bounds()
+    actions = rng.uniform(low, high, size=(spec.max_steps + 1, env.num_envs, spec.action_dim))
+    results = _check_episode(env, actions.astype(np.float32), "full episode")
+    _expect(
+        bool(np.all(results[spec.max_steps - 1].done)),
+        f"not every env is done after max_steps={spec.max_steps} steps",
+    )

