@@ -282,6 +282,28 @@ def _file_problem(path: Path, entry: Mapping[str, Any], checksum: bool) -> str |
     return None
 
 
+def _is_count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What is wrong with the shape of a parsed manifest (what :func:`finalize` writes), or
+    ``None``: a JSON object with int ``step`` and ``world_size`` and ``files`` mapping each
+    shard name to its int ``size`` and str ``sha256``."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, expected an object"
+    if not _is_count(manifest.get("step"), 0) or not _is_count(manifest.get("world_size"), 1):
+        return "step and world_size must be integers (world_size >= 1)"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return "files must map each shard to its size and sha256"
+    for name, entry in files.items():
+        fits = isinstance(entry, dict) and _is_count(entry.get("size"), 0)
+        if not fits or not isinstance(entry.get("sha256"), str):
+            return f"files[{name!r}] must hold an integer size and a sha256 string"
+    return None
+
+
 def verify_checkpoint(ckpt_dir: str | Path, checksums: bool = True) -> str | None:
     """Why a sealed checkpoint is unusable, or ``None`` when every shard verifies.
 
@@ -292,10 +314,13 @@ def verify_checkpoint(ckpt_dir: str | Path, checksums: bool = True) -> str | Non
     ckpt_dir = Path(ckpt_dir)
     try:
         manifest = read_manifest(ckpt_dir)
-        files = manifest["files"]
-        expected = {shard_name(r) for r in range(int(manifest["world_size"]))}
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         return f"its manifest is unreadable ({err!r})"
+    problem = _manifest_problem(manifest)
+    if problem is not None:  # a manifest of the wrong shape is as unusable as a bad checksum
+        return f"its manifest is malformed ({problem})"
+    files = manifest["files"]
+    expected = {shard_name(r) for r in range(manifest["world_size"])}
     if set(files) != expected:
         return f"its manifest lists {sorted(files)}, expected {sorted(expected)}"
     for name, entry in sorted(files.items()):

@@ -87,6 +87,11 @@ def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
         help="also run every init state of each task without cameras; write report.json/.md",
     )
     cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    cmd.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace demo files that --out already holds (refused otherwise)",
+    )
 
 
 def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
@@ -105,6 +110,7 @@ def _run_demos(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         report=args.report,
         progress=not args.no_progress,
+        overwrite=args.overwrite,
     )
 
 
@@ -118,12 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
             return 0
-        from embodied_rl.runtime.launcher import (
-            RunFailed,
-            RunInterrupted,
-            launch,
-            preview_placement,
-        )
+        from embodied_rl.runtime.launcher import RunFailed, launch, preview_placement
 
         if args.command == "plan":
             from embodied_rl.dag.planner import format_plan, plan_dag
@@ -145,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = launch(cfg, show_progress=not args.no_progress, mode=mode)
         except RunFailed as err:
             print(f"error: {err}", file=sys.stderr)
-            return 130 if isinstance(err, RunInterrupted) else 1  # 130: the shell's SIGINT code
-        print(f"run finished: {result.run_dir}")
+            return err.exit_code  # 130 after Ctrl-C, 143 after SIGTERM (as a shell reports)
+        done = "evaluation written to" if mode == "eval" else "run finished"
+        print(f"{done}: {result.run_dir}")
         shown = {
             k: round(v, 4)
             for k, v in sorted(result.final_metrics.items())

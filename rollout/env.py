@@ -77,6 +77,24 @@ class EnvRolloutConfig:
         check_fields(self, ("group_size", "num_envs", "frame_stride"), 1)
         check_range("processes", self.processes, 0)
         check_range("temperature", self.temperature, 0, low_open=True)
+        # 0 would read as "no limit" (``max_steps or the simulator's``): refuse it.
+        check_range("max_steps", self.max_steps, 1, note=" or null (the simulator's limit)")
+        if self.simulator not in SIMULATORS:
+            raise ValueError(SIMULATORS.unknown_message(self.simulator))
+        try:  # the simulator's own range checks, here at validation, without an env
+            SIMULATORS.get(self.simulator).check_options(self.simulator_options)
+        except ValueError as err:
+            raise ValueError(f"simulator_options: {err}") from None
+
+    def ids_accepted(self) -> dict[str, tuple[int, str]]:
+        """Batch key -> (exclusive bound of the ids the simulator accepts, who says so), for
+        the check of the ids the data node draws (``validate_config``); no env is built."""
+        limits = SIMULATORS.get(self.simulator).limits(self.simulator_options)
+        who = f"simulator {self.simulator!r}"
+        if "suite" in self.simulator_options:
+            who += f" (suite {self.simulator_options['suite']})"
+        keys = {"num_tasks": K.TASK_ID, "num_init_states": K.INIT_STATE_ID}
+        return {keys[name]: (bound, who) for name, bound in limits.items() if name in keys}
 
 
 ROLLOUT_WRITES = (

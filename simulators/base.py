@@ -18,11 +18,13 @@ envs but shaped for robot-policy rollouts:
 - ``render()`` returns frames for videos, ``close()`` frees processes and GL contexts.
 
 A simulator registers its builder ``builder(options: Mapping, num_envs: int) -> VectorEnv``
-with ``@register_simulator(name)``. ``SIMULATORS.get(name)`` is then a :class:`Simulator`,
-called as ``(options, num_envs, processes=0, **worker_options)``: the process pool is an
-option of every simulator, not a simulator of its own. :func:`config_from_options` turns the
-options mapping into the simulator's config dataclass with an error that lists the valid
-options.
+with ``@register_simulator(name, config=ConfigDataclass)``. ``SIMULATORS.get(name)`` is then a
+:class:`Simulator`, called as ``(options, num_envs, processes=0, **worker_options)``: the
+process pool is an option of every simulator, not a simulator of its own.
+:func:`config_from_options` turns the options mapping into the simulator's config dataclass
+with an error that lists the valid options. Config validation uses the entry without building
+an env: :meth:`Simulator.check_options` builds the config dataclass (its range checks run), and
+:meth:`Simulator.limits` asks it how many tasks and init states per task the simulator has.
 """
 
 from __future__ import annotations
@@ -192,11 +194,32 @@ class Simulator:
     Args:
         name: the registered name (the process pool's children look it up again).
         build: ``build(options, num_envs) -> VectorEnv``, the in-process builder.
+        config_cls: the dataclass of the simulator's options (``None``: options are checked
+            only when an env is built). Its optional ``limits()`` method returns
+            ``{"num_tasks": n, "num_init_states": m}`` (either may be missing when unknown
+            without building an env).
     """
 
-    def __init__(self, name: str, build: Builder) -> None:
+    def __init__(self, name: str, build: Builder, config_cls: type | None = None) -> None:
         self.name = name
         self.build = build
+        self.config_cls = config_cls
+
+    def check_options(self, options: Mapping[str, Any] | None) -> Any:
+        """The options as the simulator's config dataclass, without building an env.
+
+        Raises:
+            ValueError: an unknown option (listing the valid ones) or a value out of range.
+        """
+        if self.config_cls is None:
+            return None
+        return config_from_options(self.config_cls, options, self.name)
+
+    def limits(self, options: Mapping[str, Any] | None) -> dict[str, int]:
+        """``num_tasks`` / ``num_init_states`` (per task) of the simulator with ``options``,
+        as far as they are known without building an env (cheap: no scene, no GL context)."""
+        describe = getattr(self.check_options(options), "limits", None)
+        return {} if describe is None else dict(describe())
 
     def __call__(
         self,
@@ -230,15 +253,16 @@ class Simulator:
         return f"Simulator({self.name!r}, {self.build.__module__}.{self.build.__qualname__})"
 
 
-def register_simulator(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: register ``build`` as the simulator ``name`` (``SIMULATORS``).
+def register_simulator(name: str, config: type | None = None) -> Callable[[Builder], Builder]:
+    """Decorator: register ``build`` as the simulator ``name`` (``SIMULATORS``), with the
+    dataclass of its options (``config``) so that validation can check them without an env.
 
     The builder itself is returned unchanged, so it stays callable as
     ``build(options, num_envs)``.
     """
 
     def decorator(build: Builder) -> Builder:
-        SIMULATORS.register(name, Simulator(name, build))
+        SIMULATORS.register(name, Simulator(name, build, config))
         return build
 
     return decorator

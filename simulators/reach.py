@@ -117,6 +117,12 @@ class ReachConfig:
             raise ValueError(f"reach reward must be 'sparse' or 'dense', got {self.reward!r}")
         farthest = TARGET_RING + ARENA_HALF * 0.8
         check_range("reach min_start_distance", self.min_start_distance, 0, farthest, low_open=True)
+        for name in ("success_radius", "max_speed"):
+            check_range(f"reach {name}", getattr(self, name), 0, low_open=True)
+
+    def limits(self) -> dict[str, int]:
+        """Tasks and init states per task of this configuration (``Simulator.limits``)."""
+        return {"num_tasks": self.num_tasks, "num_init_states": self.num_init_states}
 
 
 class InjectedSimulatorFault(RuntimeError):
@@ -342,7 +348,7 @@ def _claim_fault(once_path: str) -> bool:
     return True
 
 
-@register_simulator("reach")
+@register_simulator("reach", config=ReachConfig)
 def build_reach(options: Mapping[str, Any] | None, num_envs: int) -> ReachVectorEnv:
     """Registered builder of the ``reach`` simulator (options: the fields of ReachConfig)."""
     return ReachVectorEnv(config_from_options(ReachConfig, options, "reach"), num_envs)

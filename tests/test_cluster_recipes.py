@@ -7,9 +7,12 @@ runs must compose and validate, and its worker count must match the GPUs the rec
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -48,21 +51,96 @@ def test_slurm_script_is_valid_bash_and_starts_head_workers_and_the_job():
     assert text.count("--block") == 2
     assert 'ray.address="$address"' in text[train:]
     assert "workers.num_workers=$((num_nodes * gpus_per_node))" in text[train:]
+    # Preemption: SIGTERM to the script 120 s before the end, and the job may be requeued.
+    assert directives["signal"] == "B:TERM@120" and "requeue" in directives
+
+
+def _train_command(text: str) -> str:
+    """The script's ``embodied-rl train`` command, its continuation lines joined."""
+    start = text.index("\nembodied-rl train")  # the command, not the usage comment
+    return text[start : text.index(" &\n", start)].replace("\\\n", " ")
 
 
 def test_slurm_job_command_validates_for_a_two_node_allocation():
     """The script's last command, as bash expands it for 2 nodes x 8 GPUs and the usage line."""
-    text = SLURM.read_text()
-    command = text[text.index("\nembodied-rl train") :].replace("\\\n", " ")
     expanded = (
-        command.replace('"$@"', "--config-name grpo_llm trainer.total_steps=200")
+        _train_command(SLURM.read_text())
+        .replace('"$@"', "--config-name grpo_llm trainer.total_steps=200")
         .replace('"$address"', "10.0.0.1:6379")
         .replace("$((num_nodes * gpus_per_node))", str(2 * 8))
+        .replace('"$run_dir"', "/shared/outputs/slurm-42")
+        .replace('"$attempt"', "resume=true")
     )
     name, overrides = _train_overrides(shlex.split(expanded))
     assert "$" not in " ".join(overrides), overrides  # every variable was expanded above
-    dag = validate_config(compose(name, overrides))
+    cfg = compose(name, overrides)
+    dag = validate_config(cfg)
     assert dag.num_workers == 16
+    assert cfg.resume is True and cfg.run_dir == "/shared/outputs/slurm-42"
+
+
+# The part of the script after the Ray cluster is up, run by bash with the commands it calls
+# (the driver and Slurm's scontrol) replaced by functions that record what they were given.
+# The driver stand-in behaves as the real one does on SIGTERM: it finishes, then exits 143.
+_STANDINS = """
+set -euo pipefail
+embodied-rl() {
+    echo "$*" >> "$LOG"
+    sleep 60 &
+    local work=$!
+    trap 'echo driver-got-TERM >> "$LOG"; kill "$work"; sleep 1; exit 143' TERM
+    echo started >> "$LOG"
+    wait "$work"
+}
+scontrol() { echo "scontrol $*" >> "$LOG"; }
+"""
+
+
+def _run_job_tail(tmp_path: Path, checkpoints: list[str], restarts: int = 0) -> tuple[int, str]:
+    """Run the script's job part in bash; send it SIGTERM once the driver started."""
+    text = SLURM.read_text()
+    tail = text[text.index("\n# One run folder per job") :]
+    run_dir = tmp_path / "run"
+    for name in checkpoints:
+        (run_dir / "checkpoints" / name).mkdir(parents=True)
+    log = tmp_path / "log"
+    env = {
+        "PATH": os.environ["PATH"],
+        "LOG": str(log),
+        "SLURM_JOB_ID": "42",
+        "SLURM_RESTART_COUNT": str(restarts),
+        "EMBODIED_RL_RUN_DIR": str(run_dir),
+    }
+    script = _STANDINS + "address=10.0.0.1:6379 num_nodes=2 gpus_per_node=8\n" + tail
+    job = subprocess.Popen(["bash", "-c", script, "sbatch"], env=env)
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)  # the script has recorded the driver's pid (the line after its start)
+    job.send_signal(signal.SIGTERM)  # as Slurm signals the batch script (B:)
+    return job.wait(timeout=30), log.read_text()
+
+
+def test_slurm_job_passes_sigterm_to_the_driver_and_requeues_on_143(tmp_path):
+    code, log = _run_job_tail(tmp_path, [])
+    assert code == 143, log
+    lines = log.splitlines()
+    assert f"run_dir={tmp_path / 'run'} resume=false" in lines[0]  # no checkpoint yet
+    assert "driver-got-TERM" in lines
+    assert lines[-1] == "scontrol requeue 42"  # after the driver ended, not before
+
+
+def test_requeued_slurm_job_resumes_its_run_folder(tmp_path):
+    code, log = _run_job_tail(tmp_path, ["step_000010"])
+    assert code == 143
+    assert f"run_dir={tmp_path / 'run'} resume=true" in log.splitlines()[0]
+
+
+def test_requeued_slurm_job_without_a_checkpoint_starts_its_own_run_again(tmp_path):
+    code, log = _run_job_tail(tmp_path, [], restarts=1)
+    assert code == 143
+    assert f"run_dir={tmp_path / 'run'} overwrite=true" in log.splitlines()[0]
 
 
 def test_rayjob_has_the_fields_kuberay_requires():

@@ -10,6 +10,7 @@ import pytest
 from embodied_rl.cli import main
 from embodied_rl.runtime.config import CONFIG_DIR, compose, validate_config
 from embodied_rl.runtime.launcher import launch
+from tests.embodied_rl.synthetic_demos import input_overrides
 
 CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 DAGS = sorted(p.stem for p in (CONFIG_DIR / "dag").glob("*.yaml"))
@@ -18,8 +19,9 @@ LLM_CONFIGS = [name for name in CONFIGS if name.endswith("_llm")]
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_validates_through_the_cli(name, capsys):
-    assert main(["validate", "--config-name", name]) == 0, capsys.readouterr().err
-    dag = validate_config(compose(name))
+    inputs = list(input_overrides(name))
+    assert main(["validate", "--config-name", name, *inputs]) == 0, capsys.readouterr().err
+    dag = validate_config(compose(name, inputs))
     assert dag.nodes
 
 
@@ -30,8 +32,9 @@ def test_device_is_the_only_key_to_change_for_an_accelerator(name, device):
     (the strategy, dtype, backend and Ray resource follow from it in embodied_rl/devices.py)."""
     from omegaconf import OmegaConf
 
-    on_cpu = OmegaConf.to_container(compose(name), resolve=True)
-    moved = compose(name, [f"device={device}"])
+    inputs = list(input_overrides(name))
+    on_cpu = OmegaConf.to_container(compose(name, inputs), resolve=True)
+    moved = compose(name, [*inputs, f"device={device}"])
     validate_config(moved)
     on_device = OmegaConf.to_container(moved, resolve=True)
     assert on_cpu.pop("device") == "cpu" and on_device.pop("device") == device

@@ -33,6 +33,9 @@ class DagValidationError(ValueError):
 
     def __init__(self, issues: Sequence[DagIssue]) -> None:
         self.issues = list(issues)
+        if len(self.issues) == 1:  # one problem: one line, like every other input error
+            super().__init__(f"invalid DAG: {self.issues[0]}")
+            return
         lines = "\n".join(f"  - {issue}" for issue in self.issues)
         super().__init__(f"invalid DAG ({len(self.issues)} problem(s)):\n{lines}")
 

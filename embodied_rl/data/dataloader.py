@@ -55,7 +55,14 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
-from embodied_rl.data.prompt_checks import REASONS, REFUSED, RowCheck, merge_checks, row_problem
+from embodied_rl.data.prompt_checks import (
+    REASONS,
+    REFUSED,
+    RowCheck,
+    answer_text,
+    merge_checks,
+    row_problem,
+)
 from embodied_rl.data.prompt_files import RawRow, index_jsonl, open_source
 from embodied_rl.data.sampler import EpochSampler
 
@@ -263,8 +270,7 @@ class ShardedPromptLoader:
                 )
             prompts.append(record["prompt"])
             if self._has_answer:
-                answer = record["answer"]
-                answers.append(answer if isinstance(answer, str) else str(answer))
+                answers.append(answer_text(record["answer"]))
         fields: dict[str, Any] = {
             K.PROMPT_TEXT: prompts,
             K.SAMPLE_ID: torch.tensor(list(sample_ids), dtype=torch.int64),

@@ -45,6 +45,7 @@ def select_demos(
     max_demos_per_task: int | None,
     heldout_every: int,
     tasks: Sequence[int] | None = None,
+    suite: str | None = None,
 ) -> list[DemoInfo]:
     """Scan the demo files and keep the first ``max_demos_per_task`` demos of each task.
 
@@ -52,6 +53,7 @@ def select_demos(
     instruction in files that record none (LIBERO's published ones). ``tasks``
     (``data.tasks``: the suite indices the run trains and evaluates) keeps only the demos of
     those tasks, by the task id that ``embodied-rl demos`` records; ``None`` keeps all.
+    ``suite`` (the simulator's) refuses files recorded in another suite.
 
     Raises:
         DemoFormatError / FileNotFoundError: from the reader (naming file, demo and key).
@@ -60,6 +62,8 @@ def select_demos(
             or no demo is of those tasks.
     """
     infos = [info for path in find_demo_files(paths) for info in scan_demo_file(path)]
+    if suite is not None:
+        check_suite(infos, suite)
     if tasks is not None:
         infos = demos_of_tasks(infos, tasks)
     taken: Counter[int | str] = Counter()
@@ -71,6 +75,35 @@ def select_demos(
             selected.append(info)
     check_not_heldout(selected, heldout_every)
     return selected
+
+
+def check_suite(infos: Sequence[DemoInfo], suite: str) -> None:
+    """Refuse demos recorded in another suite than the run's (their task ids and scenes mean
+    other tasks); files that record no suite (LIBERO's published ones, older files) pass."""
+    other = [info for info in infos if info.suite is not None and info.suite != suite]
+    if other:
+        files = sorted({str(info.path) for info in other})
+        more = f" ({len(files) - 1} more files too)" if len(files) > 1 else ""
+        raise ValueError(
+            f"{files[0]} holds demos of suite {other[0].suite!r} (embodied_rl_suite){more}, "
+            f"but the config asks for {suite!r} (simulator.options.suite). Fix: point "
+            f"data.paths at demos of {suite} (`embodied-rl demos --suite {suite}`), or set "
+            f"simulator.options.suite={other[0].suite}"
+        )
+
+
+def check_frame_sizes(infos: Sequence[DemoInfo]) -> None:
+    """With ``image_size: null`` frames keep the files' size: refuse demos whose sizes differ
+    (one batch cannot stack them)."""
+    sizes: dict[tuple[int, int, int], DemoInfo] = {}
+    for info in infos:
+        sizes.setdefault(info.image_shape, info)  # the first demo of each size
+    if len(sizes) > 1:
+        (a, first), (b, second) = list(sizes.items())[:2]
+        raise ValueError(
+            f"{first.source} has frames of {a[0]}x{a[1]} and {second.source} of {b[0]}x{b[1]}. "
+            "Fix: set data.image_size (the rollout's image size) so frames are resized"
+        )
 
 
 def demos_of_tasks(infos: Sequence[DemoInfo], tasks: Sequence[int]) -> list[DemoInfo]:

@@ -37,6 +37,7 @@ Proprio of a step, as the simulator's observation: ``ee_states`` (6) + ``gripper
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class DemoInfo:
         init_state_id: the official init state it started from, when the file says so.
         task_id: the task's index in its suite, when the file says so
             (``embodied_rl_task_id``; LIBERO's published files do not).
+        suite: the suite the file was recorded in, when it says so (``embodied_rl_suite``).
     """
 
     path: Path
@@ -101,6 +103,7 @@ class DemoInfo:
     image_convention: str
     init_state_id: int | None = None
     task_id: int | None = None
+    suite: str | None = None
 
     @property
     def source(self) -> str:
@@ -193,7 +196,14 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"demonstration file {path} does not exist")
-    with h5py.File(path, "r") as f:
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as err:  # not HDF5: truncated, garbage, a half-written copy
+        raise DemoFormatError(
+            f"{path} cannot be read as HDF5 ({err}). Fix: copy or generate it again "
+            "(`embodied-rl demos`), or remove it from data.paths"
+        ) from None
+    with handle as f:
         if "data" not in f:
             raise DemoFormatError(f"{path}: no 'data' group; is this a LIBERO demonstration file?")
         data = f["data"]
@@ -205,6 +215,7 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
                 f"one of {IMAGE_CONVENTIONS}"
             )
         task_id = data.attrs.get("embodied_rl_task_id")
+        suite = data.attrs.get("embodied_rl_suite")
         infos = []
         for name in _demo_names(path, data):
             group = data[name]
@@ -220,6 +231,7 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
                     image_convention=convention,
                     init_state_id=None if init is None else int(init),
                     task_id=None if task_id is None else int(task_id),
+                    suite=None if suite is None else _attr_text(suite),
                 )
             )
     return infos
@@ -310,23 +322,74 @@ def write_demo_file(
     env_name: str,
     env_args: Mapping[str, Any],
     attrs: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``episodes`` as a LIBERO demonstration file (atomically: temp name, then rename).
+
+    An interrupted write leaves at most the hidden ``.<name>.partial``, never a half file under
+    the real name; an existing file is replaced only with ``overwrite``.
 
     Args:
         problem_info: ``{"problem_name", "domain_name", "language_instruction"}``.
         attrs: extra ``data`` attributes (e.g. ``embodied_rl_suite``).
+        overwrite: replace an existing file at ``path``.
 
     Returns:
         The path written. The file reads back with :func:`scan_demo_file` / :func:`load_demo`.
-    """
-    import h5py
 
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is false (nothing is written).
+    """
     if not episodes:
         raise ValueError("write_demo_file needs at least one episode")
     path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
+    try:
+        _write_file(
+            partial,
+            episodes,
+            problem_info,
+            bddl_file_name,
+            bddl_file_content,
+            env_name,
+            env_args,
+            attrs,
+        )
+        _move_into_place(partial, path, overwrite)
+    finally:
+        partial.unlink(missing_ok=True)
+    scan_demo_file(path)  # what we wrote must read back
+    return path
+
+
+def _move_into_place(partial: Path, path: Path, overwrite: bool) -> None:
+    """Rename the complete ``partial`` to ``path``; without ``overwrite`` a file that appeared
+    at ``path`` meanwhile is kept (a hard link fails on an existing name, atomically)."""
+    if overwrite:
+        partial.replace(path)
+        return
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it") from None
+
+
+def _write_file(
+    partial: Path,
+    episodes: Sequence[DemoEpisode],
+    problem_info: Mapping[str, Any],
+    bddl_file_name: str,
+    bddl_file_content: str,
+    env_name: str,
+    env_args: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None,
+) -> None:
+    """The HDF5 content of :func:`write_demo_file`, written to ``partial``."""
+    import h5py
+
     with h5py.File(partial, "w") as f:
         data = f.create_group("data")
         data.attrs["env_name"] = env_name
@@ -341,9 +404,6 @@ def write_demo_file(
             _write_episode(data.create_group(f"demo_{i}"), episode)
         data.attrs["num_demos"] = len(episodes)
         data.attrs["total"] = int(sum(len(e.actions) for e in episodes))
-    partial.replace(path)
-    scan_demo_file(path)  # what we wrote must read back
-    return path
 
 
 def _write_episode(group: Any, episode: DemoEpisode) -> None:

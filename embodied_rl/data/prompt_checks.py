@@ -7,6 +7,7 @@ The rules (``REASONS``, which of them refuse the file) are described in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,31 @@ REASONS = ("malformed", "missing_field", "empty", "too_long")
 REFUSED = ("malformed", "missing_field")  # errors unless on_bad_row="drop"
 
 
+def answer_text(value: Any) -> str:
+    """An answer as text: strings as they are, integers in digits, and a float that holds an
+    integer as that integer (``19.0`` -> ``"19"``: a Parquet column of integers with a missing
+    value is stored as float, and ``"19.0"`` would fail an integer reward); other floats in
+    their shortest round-trip form (``2.5`` -> ``"2.5"``)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return value if isinstance(value, str) else str(value)
+
+
+def _answer_problem(value: Any) -> tuple[str, str] | None:
+    """Why an answer value cannot be used: NaN (a Parquet null of a float column) is missing;
+    only text and finite numbers are answers."""
+    if isinstance(value, float) and value != value:
+        return "missing_field", "lacks the required field 'answer' (NaN)"
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return (
+            "malformed",
+            f"has an answer of type {type(value).__name__}, expected text or a number",
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        return "malformed", f"has the answer {value}, expected text or a finite number"
+    return None
+
+
 def row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
     """``(reason, what is wrong)`` for a parsed row that cannot be used, else ``None``."""
     if not isinstance(record, dict):
@@ -25,6 +51,10 @@ def row_problem(record: Any, fields: Sequence[str]) -> tuple[str, str] | None:
     for name in fields:
         if record.get(name) is None:
             return "missing_field", f"lacks the required field {name!r}"
+    if "answer" in fields:
+        problem = _answer_problem(record["answer"])
+        if problem is not None:
+            return problem
     prompt = record["prompt"]
     if not isinstance(prompt, str):
         return "malformed", f"has a prompt of type {type(prompt).__name__}, expected a string"
@@ -94,3 +124,31 @@ def merge_checks(
             if reason not in first_seen or found[0] < first_seen[reason][0]:
                 first_seen[reason] = found
     return status, first_seen
+
+
+def check_file_head(
+    source: JsonlSource | ParquetSource, fields: Sequence[str], on_bad_row: str, rows: int = 256
+) -> None:
+    """The driver's quick check of a prompt file before workers start: the file opened (the
+    caller did), its columns, and the refused problems of its first ``rows`` rows; the
+    workers' full row-check pass still covers every row.
+
+    Raises:
+        ValueError: naming the file, the line or row, the problem and the fix.
+    """
+    if source.num_rows == 0:
+        raise ValueError(f"{source.path} has no rows. Fix: give it rows with a prompt")
+    missing = [f for f in fields if source.columns is not None and f not in source.columns]
+    if missing:
+        raise ValueError(
+            f"{source.path} has no column(s) {missing} (columns: {sorted(source.columns)}). "
+            "Fix: add them to the file, or set with_answers: false for data without answers"
+        )
+    check = RowCheck(source, fields, 0, min(rows, source.num_rows), None, None)
+    refused = sorted(check.first_seen[r] for r in REFUSED if r in check.first_seen)
+    if refused and on_bad_row == "error":
+        row, problem = refused[0]
+        raise ValueError(
+            f"{source.path}: {source.where(row)} {problem}. Fix: correct or remove that row, or "
+            "set on_bad_row: drop to skip such rows (counted as data/dropped_<reason>)"
+        )

@@ -117,7 +117,13 @@ class ParquetSource:
     def __init__(self, path: Path, wanted_columns: Sequence[str]) -> None:
         self.path = path
         self.size = path.stat().st_size
-        self._file = pq.ParquetFile(path)
+        try:
+            self._file = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as err:  # not Parquet: garbage, truncated, empty
+            raise ValueError(
+                f"{path} cannot be read as Parquet ({type(err).__name__}: {err}). Fix: "
+                "write it again (e.g. pandas DataFrame.to_parquet), or give a JSONL file"
+            ) from None
         metadata = self._file.metadata
         self.num_rows = metadata.num_rows
         self.columns = frozenset(self._file.schema_arrow.names)

@@ -14,7 +14,10 @@ from embodied_rl import keys as K
 from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.dataloader import ShardedPromptLoader
-from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, select_demos
+from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, check_frame_sizes, select_demos
+from embodied_rl.data.demos import DemoInfo
+from embodied_rl.data.prompt_checks import check_file_head
+from embodied_rl.data.prompt_files import open_source
 from embodied_rl.data.tasks import (
     TaskManifestLoader,
     check_task_ids,
@@ -72,6 +75,15 @@ class PromptDataConfig:
         except FileNotFoundError as err:
             raise ValueError(str(err)) from None
 
+    def required_fields(self) -> tuple[str, ...]:
+        return ("prompt", "answer") if self.with_answers else ("prompt",)
+
+    def check_inputs(self) -> None:
+        """On the driver before workers start (``validate_config``): the file opens as JSONL
+        or Parquet, has the needed columns, and its first rows pass the row checks."""
+        fields = self.required_fields()
+        check_file_head(open_source(resolve_data_path(self.path), fields), fields, self.on_bad_row)
+
 
 def resolve_data_path(path: str) -> Path:
     """``path`` as given if it exists, else relative to the repo root; clear error otherwise."""
@@ -125,7 +137,7 @@ def setup_loader(ctx: NodeContext) -> None:
         dp_size=ctx.dp_size,
         seed=int(ctx.cfg.seed),
         shuffle=cfg.shuffle,
-        required_fields=("prompt", "answer") if cfg.with_answers else ("prompt",),
+        required_fields=cfg.required_fields(),
         on_bad_row=cfg.on_bad_row,
         max_prompt_tokens=cfg.max_prompt_length,
         count_tokens=counter,
@@ -192,6 +204,19 @@ class TaskDataConfig:
             check_task_ids(self.tasks, self.num_tasks)
         split_size(self.num_init_states, self.heldout_every, self.split)
 
+    def ids_written(self) -> dict[str, tuple[int, str]]:
+        """Batch key -> (exclusive bound of the ids this node draws, the setting that says so),
+        checked against what the consuming rollout's simulator accepts (``validate_config``)."""
+        if self.tasks is None:
+            task_bound, task_setting = self.num_tasks, f"num_tasks={self.num_tasks}"
+        else:
+            task_bound, task_setting = max(self.tasks) + 1, f"tasks={list(self.tasks)}"
+        inits = f"num_init_states={self.num_init_states}"
+        return {
+            K.TASK_ID: (task_bound, task_setting),
+            K.INIT_STATE_ID: (self.num_init_states, inits),
+        }
+
     def rows(self) -> list[tuple[int, int]]:
         tasks = self.tasks if self.tasks is not None else list(range(self.num_tasks))
         return manifest(
@@ -247,6 +272,9 @@ class DemoDataConfig:
             (every n-th, ``data.tasks``' rule) are refused; 0 holds nothing out.
         tasks: suite task indices to train on (``data.tasks``, the tasks the run evaluates);
             ``None`` keeps the demos of every task in ``paths``.
+        suite: the simulator suite the run evaluates (``simulator.options.suite``): files that
+            record another suite (``embodied_rl_suite``) are refused; files that record none
+            (LIBERO's published ones, older files) pass. ``None``: not checked.
     """
 
     paths: list[str]
@@ -260,6 +288,7 @@ class DemoDataConfig:
     random_shift: int = 0
     heldout_every: int = 5
     tasks: list[int] | None = None
+    suite: str | None = None
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -274,6 +303,24 @@ class DemoDataConfig:
         check_range("max_demos_per_task", self.max_demos_per_task, 1, note=" or null")
         check_range("image_size", self.image_size, 8, note=" or null")
         check_fields(self, ("random_shift", "heldout_every"), 0)
+
+    def selected_demos(self) -> list[DemoInfo]:
+        """The demos this node trains on, every file scanned and checked (metadata only)."""
+        return select_demos(
+            [str(p) for p in resolve_demo_paths(self.paths)],
+            self.max_demos_per_task,
+            self.heldout_every,
+            tasks=self.tasks,
+            suite=self.suite,
+        )
+
+    def check_inputs(self) -> None:
+        """On the driver before workers start (``validate_config``): every demo file opens,
+        has the LIBERO layout, is of ``suite``, of ``tasks``, from training init states, and,
+        with ``image_size`` null, all frames have one size."""
+        infos = self.selected_demos()
+        if self.image_size is None and self.cameras:
+            check_frame_sizes(infos)
 
 
 def resolve_demo_paths(paths: list[str]) -> list[Path]:
@@ -296,14 +343,8 @@ def resolve_demo_paths(paths: list[str]) -> list[Path]:
 def setup_demo_loader(ctx: NodeContext) -> None:
     """Select and check the demos, build this rank's loader, set the policy's statistics."""
     cfg: DemoDataConfig = ctx.node_config
-    infos = select_demos(
-        [str(p) for p in resolve_demo_paths(cfg.paths)],
-        cfg.max_demos_per_task,
-        cfg.heldout_every,
-        tasks=cfg.tasks,
-    )
     loader = DemoLoader(
-        infos,
+        cfg.selected_demos(),
         chunk=cfg.chunk,
         cameras=cfg.cameras,
         image_size=cfg.image_size,

@@ -8,7 +8,8 @@ nodes read through interpolation (``data``, ``rollout``, ...) that no node refer
 
 The parts live beside this module, each with one purpose: ``config_compose`` (hydra
 composition of ``configs/``), ``config_sections`` (the typed sections), ``config_keys``
-(keys no node reads) and ``config_errors`` (ConfigError and its wording). Their public
+(keys no node reads), ``config_inputs`` (the files nodes read and the id ranges their
+simulators accept, checked on the driver) and ``config_errors`` (ConfigError and its wording). Their public
 names are importable from here.
 """
 
@@ -38,6 +39,7 @@ from embodied_rl.runtime.config_errors import (
     plain_value,
     unresolvable,
 )
+from embodied_rl.runtime.config_inputs import check_inputs
 from embodied_rl.runtime.config_keys import check_unused
 from embodied_rl.runtime.config_sections import (
     MAX_WORKERS,
@@ -256,6 +258,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     dags.append(dag_from_config(plain, workers.num_workers))
     for dag in dags:
         _check_model_names(dag, models)
+    check_inputs(dags)  # data files, demo folders, id ranges: before anything is written
     unused = check_unused(OmegaConf.to_container(cfg, resolve=False))
     if unused:
         logger.warning("config keys not used by this run's DAG(s): %s", ", ".join(unused))

@@ -30,6 +30,7 @@ class RunOptions:
     seed: int = 0
     device: str = "cpu"
     resume: bool = False
+    overwrite: bool = False  # a fresh run may replace the run in run_dir (run_folder.py)
     run_dir: str | None = None
     output_root: str = "outputs"
     plugins: list[str] | None = None
@@ -55,6 +56,11 @@ class TrainerConfig:
     ``time_limit_min`` ends training early: after the step during which that many minutes of
     training wall time (``time/elapsed_s``, resumed attempts included) have passed, with the
     final evaluation and checkpoint; ``null`` runs all ``total_steps``.
+
+    ``preempt_grace_s``: after SIGTERM (what Slurm and Kubernetes send before they preempt a
+    job) the workers finish the step in progress and checkpoint it, if that takes at most this
+    many seconds; past it (or with 0) they are stopped at once, and only the checkpoints
+    saved before remain (``runtime/preemption.py``).
     """
 
     total_steps: int = 10
@@ -64,12 +70,13 @@ class TrainerConfig:
     plot_keys: tuple[str, ...] = ("reward/mean",)
     log_to_console: bool = True  # rank 0 prints a line per step (off under a progress bar)
     time_limit_min: float | None = None
+    preempt_grace_s: float = 60.0
 
     def __post_init__(self) -> None:
         check_fields(
             self, ("total_steps", "keep_checkpoints", "collective_timeout_s"), 0, low_open=True
         )
-        check_range("checkpoint_every", self.checkpoint_every, 0)
+        check_fields(self, ("checkpoint_every", "preempt_grace_s"), 0)
         check_range("time_limit_min", self.time_limit_min, 0, low_open=True)
 
 

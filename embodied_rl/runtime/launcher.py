@@ -24,6 +24,20 @@ from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime import cluster
 from embodied_rl.runtime.config import section, validate_config
 from embodied_rl.runtime.memory import worker_process_env
+from embodied_rl.runtime.preemption import (
+    PREEMPTED_EXIT_CODE,
+    Preemption,
+    Terminated,
+    interrupted_message,
+    mark_stopped,
+    preempted_message,
+    terminated_message,
+)
+from embodied_rl.runtime.run_folder import (
+    check_eval_source,
+    eval_output_folder,
+    prepare_train_folder,
+)
 
 _KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult.records)
 
@@ -32,23 +46,27 @@ class RunFailed(RuntimeError):
     """A worker failed or died, or the cluster cannot run the job; the message names the
     rank, node and step, or what the cluster lacks, and the fix."""
 
+    exit_code = 1  # of the CLI
+
 
 class RunInterrupted(RunFailed):
     """The user stopped the run (Ctrl-C / SIGINT); the message says what was kept."""
 
+    exit_code = 130  # the shell's code for SIGINT
 
-def _interrupted_message(run_dir: Path, mode: str) -> str:
-    if mode == "eval":
-        return "interrupted: the evaluation stopped before it finished; nothing was written"
-    from embodied_rl.checkpoint import latest_checkpoint
 
-    newest = latest_checkpoint(run_dir / "checkpoints", checksums=False)
-    kept = f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved yet"
-    return (
-        "interrupted: the workers stopped and the step in progress was discarded (no metrics, "
-        f"report or checkpoint from it); {kept}. Continue with the same command plus "
-        f"resume=true run_dir={run_dir}"
-    )
+class RunPreempted(RunInterrupted):
+    """SIGTERM stopped the run (a preemption, ``runtime/preemption.py``); the message names
+    the newest checkpoint and the resume command."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+
+def _stopped_error(stop: BaseException, run_dir: Path, mode: str) -> RunInterrupted:
+    """What the user is told once the workers stopped after Ctrl-C or SIGTERM."""
+    if isinstance(stop, Terminated):
+        return RunPreempted(terminated_message(run_dir, mode, stop.reason))
+    return RunInterrupted(interrupted_message(run_dir, mode))
 
 
 class _WorkerError(Exception):
@@ -70,8 +88,8 @@ def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
     """Where the run lives.
 
     ``run_dir`` if set. Otherwise ``resume=true`` (and ``eval``) take the newest run of this
-    config that has checkpoints; a new training run (or an eval with no earlier run) gets a
-    fresh timestamped directory.
+    config that has checkpoints; a new training run gets a fresh timestamped directory (an
+    eval with no earlier run gets one too, which ``run_folder.check_eval_source`` refuses).
     """
     if cfg.get("run_dir"):
         return Path(cfg.run_dir).resolve()
@@ -201,17 +219,28 @@ def _clear_status_files(run_dir: Path) -> None:
 def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> RunResult:
     """Validate, start the workers, run to completion, and return rank 0's final metrics.
 
-    ``mode="eval"`` runs the evaluation DAG once on the run's newest checkpoint.
+    ``mode="eval"`` runs the evaluation DAG once on the run's newest checkpoint and writes
+    everything to a new folder ``<run_dir>/<eval.name>_<timestamp>/`` (``RunResult.run_dir``).
+    The run folder is checked first (``run_folder.py``: one config per folder, ``resume``,
+    ``overwrite``); a refused command has written nothing.
     """
+    validate_config(cfg)
+    workers_cfg = section(cfg, "workers")
+    run_dir = resolve_run_dir(cfg, mode)
+    if mode == "eval":
+        check_eval_source(cfg, run_dir)
+        checkpoints = run_dir / "checkpoints"
+        run_dir = eval_output_folder(cfg, run_dir)  # the eval writes only here
+    else:
+        prepare_train_folder(cfg, run_dir)
+        checkpoints = run_dir / "checkpoints"
+
     import ray
     from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from embodied_rl.runtime.worker import DAGWorker
 
-    validate_config(cfg)
-    workers_cfg = section(cfg, "workers")
-    run_dir = resolve_run_dir(cfg, mode)
     run_dir.mkdir(parents=True, exist_ok=True)
     _clear_status_files(run_dir)
     OmegaConf.save(
@@ -227,6 +256,9 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
             ray.shutdown()
         raise
     actors: list[Any] = []
+    # SIGTERM: the workers may finish the step in progress (an evaluation stops at once).
+    grace_s = section(cfg, "trainer").preempt_grace_s if mode == "train" else 0.0
+    preemption, stop = Preemption(grace_s), None
     try:
         rank_nodes = cluster.placement(group)
         _record_placement(run_dir, rank_nodes)
@@ -244,12 +276,14 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
                     max_concurrency=2,  # status() answers while run() works
                     # the C allocator settings that keep a worker's memory flat (memory.py)
                     runtime_env={"env_vars": worker_process_env()},
-                ).remote(plain_cfg, rank, n, str(run_dir), mode)
+                ).remote(plain_cfg, rank, n, str(run_dir), mode, str(checkpoints))
             )
         try:
-            return _drive(cfg, actors, run_dir, show_progress and mode == "train", rank_nodes)
-        except KeyboardInterrupt:  # raised after the finally below stopped the workers
-            raise RunInterrupted(_interrupted_message(run_dir, mode)) from None
+            with preemption:
+                show = show_progress and mode == "train"
+                return _drive(cfg, actors, run_dir, show, rank_nodes, preemption)
+        except (KeyboardInterrupt, Terminated) as err:  # reported below, once workers stopped
+            stop = err
     finally:
         _close_workers(actors)
         for actor in actors:
@@ -257,6 +291,8 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
         remove_placement_group(group)
         if started_ray:
             ray.shutdown()
+    mark_stopped(run_dir)  # the workers are gone: none of them is still in a node
+    raise _stopped_error(stop, run_dir, mode) from None
 
 
 def _close_workers(actors: list[Any], timeout_s: float = 30.0) -> None:
@@ -280,26 +316,40 @@ def _drive(
     run_dir: Path,
     show_progress: bool,
     rank_nodes: list[str],
+    preemption: Preemption,
 ) -> RunResult:
-    """Set the workers up, start their loops, and watch until all finish or one fails."""
+    """Set the workers up, start their loops, and watch until all finish or one fails.
+
+    After SIGTERM (``preemption``) the workers end after the step in progress, checkpointed;
+    that ends the run with :class:`RunPreempted`.
+    """
     # Bounded: the driver polls every worker twice a second, for days in a long run.
     records: deque[Any] = deque(maxlen=_KEPT_RECORDS)
     monitor = _Monitor(actors, records, run_dir, rank_nodes)
-    where = monitor.wait_all([actors[0].rendezvous_address.remote()])[0]
-    monitor.wait_all([a.setup.remote(where["address"], where["port"]) for a in actors])
+    poll = float(section(cfg, "ray").poll_interval_s)
+
+    def preempt_tick() -> None:  # SIGTERM during set-up stops at once
+        preemption.tick(actors)
+
+    where = monitor.wait_all([actors[0].rendezvous_address.remote()], poll, preempt_tick)[0]
+    setups = [a.setup.remote(where["address"], where["port"]) for a in actors]
+    monitor.wait_all(setups, poll, preempt_tick)
     total = int(cfg.trainer.total_steps)
     bar = ProgressBar(total=total) if show_progress else None
 
     def on_tick() -> None:
+        preemption.tick(actors)
         monitor.poll_status()
         if bar is not None and monitor.rank0_status:
             status = monitor.rank0_status
             bar.update(int(status.get("completed", 0)), status.get("metrics") or {})
 
-    poll = float(section(cfg, "ray").poll_interval_s)
+    preemption.running = True
     results = monitor.wait_all([actor.run.remote() for actor in actors], poll, on_tick)
     if bar is not None:
         bar.close()
+    if any(result.get("preempted") for result in results):
+        raise RunPreempted(preempted_message(run_dir, int(results[0]["steps_done"])))
     return RunResult(run_dir, results[0]["final_metrics"], list(records))
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import zlib
 from datetime import timedelta
@@ -57,11 +58,19 @@ class DAGWorker:
     """
 
     def __init__(
-        self, cfg: dict[str, Any], rank: int, world_size: int, run_dir: str, mode: str = "train"
+        self,
+        cfg: dict[str, Any],
+        rank: int,
+        world_size: int,
+        run_dir: str,
+        mode: str = "train",
+        checkpoints: str | None = None,
     ) -> None:
         self.cfg = OmegaConf.create(cfg)
         self.rank, self.world_size, self.mode = rank, world_size, mode
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir)  # where this worker writes (an eval: its own folder)
+        # where checkpoints are read and written (an eval reads the trained run's)
+        self.checkpoints = Path(checkpoints) if checkpoints else self.run_dir / "checkpoints"
         self.trainer = section(self.cfg, "trainer")
         self.eval_cfg = section(self.cfg, "eval")
         torch.set_num_threads(section(self.cfg, "workers").torch_threads)
@@ -81,6 +90,7 @@ class DAGWorker:
         # the evaluation rollout use), closed with the executors.
         self.shared: dict[str, Any] = {}
         self._stop = StopFlag()  # close() (driver thread) stops a running walk with it
+        self._preempt = threading.Event()  # preempt() (driver thread): stop after this step
         self.shared[STOP_REQUESTED] = self._stop
         self.sink = MetricSink()
         self.start_step = 0
@@ -135,7 +145,7 @@ class DAGWorker:
         for name in needed & set(self.executors):
             self.executors[name].setup_nodes()
         if self.cfg.resume or self.mode == "eval":
-            self._restore(required=self.mode == "train")
+            self._restore()
         self.logger = self._make_logger() if self.rank == 0 else None
         self._set_status(-1, "ready", None)
         return {"rank": self.rank, "start_step": self.start_step}
@@ -173,7 +183,7 @@ class DAGWorker:
     def _make_logger(self) -> RunLogger:
         total = self.trainer.total_steps if self.mode == "train" else self.start_step + 1
         return RunLogger(
-            self.run_dir / ("" if self.mode == "train" else "eval"),
+            self.run_dir,  # an eval's run_dir is its own folder (launcher.py)
             total,
             start_step=self.start_step,
             plot_keys=tuple(self.trainer.plot_keys),
@@ -186,6 +196,9 @@ class DAGWorker:
 
         With ``trainer.time_limit_min`` the run ends early after the step during which the
         limit passed (the same step on every rank), with its final evaluation and checkpoint.
+        After :meth:`preempt` (SIGTERM to the driver) it ends after the step in progress, all
+        of it, evaluation included, with a checkpoint of that step: the point where a resumed
+        run continues exactly as an uninterrupted one (``runtime/preemption.py`` says why).
         """
         if self.mode == "eval":
             self._walk("eval", self.start_step)
@@ -193,7 +206,7 @@ class DAGWorker:
             return self._finish(self.start_step)
         total, every = self.trainer.total_steps, self.trainer.checkpoint_every
         self._run_started = time.perf_counter()
-        completed = self.start_step
+        completed, preempted = self.start_step, False
         for step in range(self.start_step, total):
             started = time.perf_counter()
             self._walk("train", step)
@@ -205,11 +218,23 @@ class DAGWorker:
             self.sink.log("time/elapsed_s", self._elapsed_s(), reduce="max")
             self._log_memory()
             self._publish_metrics(step)
-            if every > 0 and (completed % every == 0 or last):
+            preempted = not last and self._preempt_agreed()
+            if every > 0 and (completed % every == 0 or last or preempted):
                 self._save_unless_unhealthy(completed)
-            if last:
+            if last or preempted:
                 break
-        return self._finish(completed)
+        return self._finish(completed, preempted)
+
+    def preempt(self) -> None:
+        """Asked by the driver after SIGTERM (another thread than ``run``): end the run after
+        the step in progress, with a checkpoint of it."""
+        self._preempt.set()
+
+    def _preempt_agreed(self) -> bool:
+        """Whether any rank was asked to :meth:`preempt` (all ranks stop after one step)."""
+        flag = torch.tensor([float(self._preempt.is_set())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
     def _elapsed_s(self) -> float:
         """Wall seconds of training so far, earlier attempts of a resumed run included."""
@@ -264,12 +289,18 @@ class DAGWorker:
         self.sink.log("memory/worker_rss_mb", worker_mb, reduce="max")
         self.sink.log("memory/simulator_rss_mb", children_mb, reduce="max")
 
-    def _finish(self, steps_done: int) -> dict[str, Any]:
-        self._status.update(phase="done", node=None)
+    def _finish(self, steps_done: int, preempted: bool = False) -> dict[str, Any]:
+        # In the file too: the status file must not say a node runs once the run ended.
+        self._set_status(steps_done, "preempted" if preempted else "done", None)
         if self.logger is not None:
             self.logger.plot()
             self.logger.close()
-        return {"rank": self.rank, "steps_done": steps_done, "final_metrics": dict(self._metrics)}
+        return {
+            "rank": self.rank,
+            "steps_done": steps_done,
+            "preempted": preempted,
+            "final_metrics": dict(self._metrics),
+        }
 
     def _publish_metrics(self, step: int) -> None:
         """Gather every rank's metric records on rank 0, which logs the reduced values."""
@@ -283,7 +314,7 @@ class DAGWorker:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.checkpoints
 
     def _save(self, completed_steps: int) -> None:
         self._set_status(completed_steps, "checkpoint", None)
@@ -303,15 +334,13 @@ class DAGWorker:
             )
         dist.barrier()
 
-    def _restore(self, required: bool) -> None:
+    def _restore(self) -> None:
         latest = checkpoint.latest_checkpoint(self._checkpoint_root())
-        if latest is None:
-            if required:
-                raise FileNotFoundError(
-                    f"resume=true but {self._checkpoint_root()} holds no complete checkpoint; "
-                    "run without resume=true to start fresh, or point run_dir at an earlier run"
-                )
-            return  # evaluating a run without checkpoints: the freshly built policy
+        if latest is None:  # the driver checked; here every checkpoint failed its checksums
+            raise FileNotFoundError(
+                f"{self._checkpoint_root()} holds no complete checkpoint to resume or evaluate; "
+                "point run_dir at a run with an intact checkpoint"
+            )
         state = checkpoint.load_rank_shard(latest, self.rank, world_size=self.world_size)
         # Build every model this rank uses before loading, so frozen copies start from the
         # initial weights rather than from trained ones.

@@ -183,9 +183,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def evaluations(run_dir: Path, name: str) -> dict[int, dict[str, int]]:
-    """``{step: {"successes", "episodes"}}`` summed over tasks from ``<name>/results.jsonl``."""
+    """``{step: {"successes", "episodes"}}`` summed over tasks from ``<name>/results.jsonl``
+    (of the training run, or of the newest standalone ``embodied-rl eval`` folder
+    ``<name>_<timestamp>/`` when the run has no ``<name>/``)."""
+    folder = run_dir / name
+    if not folder.is_dir():
+        standalone = sorted(run_dir.glob(f"{name}_2*/{name}"))
+        folder = standalone[-1] if standalone else folder
     out: dict[int, dict[str, int]] = {}
-    for row in read_jsonl(run_dir / name / "results.jsonl"):
+    for row in read_jsonl(folder / "results.jsonl"):
         entry = out.setdefault(int(row["step"]), {"successes": 0, "episodes": 0})
         entry["successes"] += int(row["successes"])
         entry["episodes"] += int(row["episodes"])
@@ -235,9 +241,10 @@ def done(run_dir: Path, fresh: bool) -> bool:
 def demos_phase(args: argparse.Namespace) -> tuple[Path, list[str]]:
     out = args.runs / "demos"
     tasks = [str(t) for t in args.tasks]
+    # --overwrite: this script itself decides when the demos are made again (below)
     command = cli(
         "demos", "--suite", args.suite, "--tasks", *tasks, "--init-states", "0",
-        "--image-size", "64", "--no-progress", "--out", str(out),
+        "--image-size", "64", "--no-progress", "--overwrite", "--out", str(out),
     )  # fmt: skip
     if args.fresh or len(list(out.glob("*.hdf5"))) < len(args.tasks):
         run(command, args.runs / "logs" / "demos.log")

@@ -190,10 +190,21 @@ def run_episode(
     return EpisodeResult(init_state_id, success, len(actions), failure, episode)
 
 
+def demo_path(out: Path, task: TaskInfo) -> Path:
+    """``<out>/<task name>_demo.hdf5``: where the demos of ``task`` are written."""
+    return out / f"{task.name}_demo.hdf5"
+
+
 def write_task_demos(
-    out: Path, suite: str, task: TaskInfo, vec: LiberoVectorEnv, results: Sequence[EpisodeResult]
+    out: Path,
+    suite: str,
+    task: TaskInfo,
+    vec: LiberoVectorEnv,
+    results: Sequence[EpisodeResult],
+    overwrite: bool = False,
 ) -> Path | None:
-    """Write the successful recorded episodes of ``task`` to ``<out>/<name>_demo.hdf5``.
+    """Write the successful recorded episodes of ``task`` to ``<out>/<name>_demo.hdf5``
+    (an existing file only with ``overwrite``).
 
     Returns:
         The file, or ``None`` when no episode succeeded (nothing is written).
@@ -216,8 +227,9 @@ def write_task_demos(
     }
     problem_name = raw.parsed_problem["problem_name"]
     return write_demo_file(
-        out / f"{task.name}_demo.hdf5",
+        demo_path(out, task),
         episodes,
+        overwrite=overwrite,
         problem_info={
             "problem_name": problem_name,
             "domain_name": "robosuite",  # the (:domain ...) of every LIBERO task file
@@ -263,6 +275,7 @@ def run_task(
     out: Path | None,
     bar: tqdm,
     config: PlannerConfig,
+    overwrite: bool = False,
 ) -> tuple[list[EpisodeResult], Path | None]:
     """Run the planner on ``task`` from each init state in one env, then close it.
 
@@ -270,6 +283,7 @@ def run_task(
         image_size: record both cameras at this size and write the successful episodes to
             ``out`` (``None``: no cameras, nothing written; the report's fast mode).
         bar: progress bar, advanced once per episode.
+        overwrite: replace an existing demo file of the task.
 
     Returns:
         The episode results and the demo file written (``None`` if none).
@@ -283,7 +297,7 @@ def run_task(
             bar.set_postfix(task=task.task_id, ok=sum(r.success for r in results))
         path = None
         if image_size and out is not None:
-            path = write_task_demos(out, suite, task, vec, results)
+            path = write_task_demos(out, suite, task, vec, results, overwrite)
         for result in results:
             result.episode = None  # frames are large; the file has them
         return results, path

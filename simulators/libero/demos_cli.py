@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from embodied_rl.registry import COMMANDS
 from embodied_rl.runtime.config import ConfigError
-from simulators.libero.demos import EpisodeResult, TaskInfo, run_task, suite_tasks
+from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
 from simulators.libero.goals import PickPlace, UnsupportedGoalError, parse_goal, pick_place_steps
 from simulators.libero.planner import PlannerConfig
 
@@ -60,6 +60,17 @@ def check_request(
         )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file", "give a directory (it is created if missing)")
+
+
+def check_no_demo_files(out: Path, tasks: Sequence[TaskInfo]) -> None:
+    """Refuse, before any episode runs, to replace demo files that ``out`` already holds."""
+    existing = [demo_path(out, task) for task in tasks if demo_path(out, task).exists()]
+    if existing:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise ConfigError(
+            f"--out {out} already holds {existing[0].name}{more}; writing would replace it",
+            "pass --overwrite to replace it, or choose another --out folder",
+        )
 
 
 def summarise(task: TaskInfo, results: Sequence[EpisodeResult]) -> TaskReport:
@@ -145,6 +156,7 @@ def demos_command(
     report: bool = False,
     progress: bool = True,
     config: PlannerConfig | None = None,
+    overwrite: bool = False,
 ) -> int:
     """Write scripted demos of ``tasks`` from ``init_states`` and optionally the report.
 
@@ -155,6 +167,8 @@ def demos_command(
         image_size: side of both cameras' frames in the demos.
         report: also run every init state of each task without cameras and write the
             success report.
+        overwrite: replace demo files that exist in ``out`` (otherwise they are refused
+            before any episode runs).
 
     Returns:
         The exit status (0).
@@ -179,6 +193,8 @@ def demos_command(
     config = config or PlannerConfig()
     runnable = [t for t in selected if not isinstance(goals[t.task_id], str)]
     demo_ids = {t.task_id: _resolve(init_states, t.num_init_states) for t in runnable}
+    if not overwrite:
+        check_no_demo_files(out, [t for t in runnable if demo_ids[t.task_id]])
     total = sum(len(ids) for ids in demo_ids.values())
     total += sum(t.num_init_states for t in runnable) if report else 0
     reports = []
@@ -191,7 +207,15 @@ def demos_command(
                 continue
             if demo_ids[task.task_id]:
                 results, path = run_task(
-                    suite, task, steps, demo_ids[task.task_id], image_size, out, bar, config
+                    suite,
+                    task,
+                    steps,
+                    demo_ids[task.task_id],
+                    image_size,
+                    out,
+                    bar,
+                    config,
+                    overwrite,
                 )
                 tqdm.write(_demo_line(task, results, path))
             if report:

@@ -77,6 +77,7 @@ from simulators.libero.suites import (
     CAMERAS,
     PROPRIO_DIM,
     SUITE_MAX_STEPS,
+    SUITE_SIZES,
     flip_image,
     import_libero,
     proprio_from_obs,
@@ -147,6 +148,14 @@ class LiberoConfig:
             )
         only_in_use = " (1 = keep the scenes in use only)"
         check_range("libero max_cached_tasks", self.max_cached_tasks, 1, note=only_in_use)
+
+    def limits(self) -> dict[str, int]:
+        """Tasks and init states per task of the suite (``Simulator.limits``): known for
+        LIBERO's own suites without importing LIBERO; empty for other suites."""
+        if self.suite not in SUITE_SIZES:
+            return {}
+        num_tasks, num_init_states = SUITE_SIZES[self.suite]
+        return {"num_tasks": num_tasks, "num_init_states": num_init_states}
 
     @property
     def episode_steps(self) -> int:
@@ -390,7 +399,7 @@ class LiberoVectorEnv(VectorEnv):
         )
 
 
-@register_simulator("libero")
+@register_simulator("libero", config=LiberoConfig)
 def build_libero(options: Mapping[str, Any] | None, num_envs: int) -> LiberoVectorEnv:
     """Registered builder of the ``libero`` simulator (options: the fields of LiberoConfig).
 

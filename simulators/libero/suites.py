@@ -40,6 +40,16 @@ SUITE_MAX_STEPS: dict[str, int] = {
     "libero_90": 400,
 }
 
+# (tasks, official init states per task) of each suite: the sizes of the benchmark's
+# init_files/<suite>/*.pruned_init files, so that a config can be checked without LIBERO.
+SUITE_SIZES: dict[str, tuple[int, int]] = {
+    "libero_spatial": (10, 50),
+    "libero_object": (10, 50),
+    "libero_goal": (10, 50),
+    "libero_10": (10, 50),
+    "libero_90": (90, 50),
+}
+
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)  # hold still, gripper open
 ACTION_DIM = 7  # delta eef position (3), delta eef rotation (3), gripper (-1 open, +1 close)
 PROPRIO_DIM = 8

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from embodied_rl.dag.spec import DagValidationError
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, load_all_plugins
+from tests.embodied_rl.synthetic_demos import input_overrides
 
 load_all_plugins({})  # the node types of every plugin, as `embodied-rl validate` sees them
 
@@ -46,14 +47,16 @@ SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 
 @functools.cache
 def shipped(name: str) -> dict[str, Any]:
-    """A shipped config as composed, interpolations not resolved (plain data)."""
-    return OmegaConf.to_container(compose(name), resolve=False)
+    """A shipped config as composed (with the input files it needs), interpolations not
+    resolved (plain data)."""
+    return OmegaConf.to_container(compose(name, list(input_overrides(name))), resolve=False)
 
 
 @functools.cache
 def shipped_nodes(name: str) -> list[dict[str, Any]]:
     """The resolved ``dag.nodes`` of a shipped config."""
-    return OmegaConf.to_container(compose(name), resolve=True)["dag"]["nodes"]
+    composed = compose(name, list(input_overrides(name)))
+    return OmegaConf.to_container(composed, resolve=True)["dag"]["nodes"]
 
 
 def assert_user_error(err: Exception) -> None:

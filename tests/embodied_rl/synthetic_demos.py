@@ -12,7 +12,11 @@ closing (+1) in the second half. Demo ``d`` starts from training init state ``TR
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +55,13 @@ def write_synthetic_demos(
     length: int = 12,
     size: int = 16,
     init_states: tuple[int, ...] = TRAIN_INITS,
+    suite: str = "libero_spatial",
 ) -> Path:
-    """One file per task (``task_<i>_demo.hdf5``) in ``folder``; returns the folder."""
+    """One file per task (``task_<i>_demo.hdf5``) in ``folder``; returns the folder.
+
+    ``suite`` is recorded as the files' ``embodied_rl_suite``: the suite of sft_libero, the
+    config these demos stand in for (a run refuses demos of another suite).
+    """
     for task in range(tasks):
         episodes = [synthetic_episode(task, d, length, size) for d in range(demos)]
         for d, episode in enumerate(episodes):
@@ -69,6 +78,18 @@ def write_synthetic_demos(
             bddl_file_content="(define (problem synthetic))",
             env_name="Libero_Tabletop_Manipulation",
             env_args={"type": 1},
-            attrs={"embodied_rl_suite": "synthetic", "embodied_rl_task_id": task},
+            attrs={"embodied_rl_suite": suite, "embodied_rl_task_id": task},
         )
     return folder
+
+
+@functools.cache
+def input_overrides(name: str) -> tuple[str, ...]:
+    """Overrides that give a shipped config the input files validation opens: for
+    sft_libero, whose ``demos/libero_spatial`` the user generates, a folder of synthetic demo
+    files (written once per process, removed at exit)."""
+    if name != "sft_libero":
+        return ()
+    folder = Path(tempfile.mkdtemp(prefix="synthetic_demos_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return (f"data.paths=['{write_synthetic_demos(folder)}']",)

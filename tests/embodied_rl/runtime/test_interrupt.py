@@ -111,6 +111,8 @@ def test_ctrl_c_during_an_evaluation_stops_it_and_writes_nothing_from_it(tmp_pat
     metrics = run_dir / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text().strip() == ""  # step 0 discarded
     assert not list((run_dir / "checkpoints").glob("step_*"))
+    status = json.loads(status_path(run_dir, 0).read_text())  # no node left "running"
+    assert (status["phase"], status["node"]) == ("stopped", None), status
 
 
 def _free_port() -> int:

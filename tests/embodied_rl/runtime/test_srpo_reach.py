@@ -39,10 +39,13 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
     html = (result.run_dir / "eval" / "step_000002" / "report.html").read_text()
     assert all(v.name in html for v in videos)
-    # The eval command evaluates the newest checkpoint of the run again.
-    args = ["eval", "--config-name", "srpo_reach", "--no-progress", *overrides]
-    assert main(args) == 0
-    assert (result.run_dir / "eval" / "metrics.jsonl").exists()
+    # The eval command evaluates the newest checkpoint of the run again, each held-out pair
+    # of task 0 once, into a folder of its own.
+    args = ["eval", "--config-name", "srpo_reach", "--no-progress", *overrides, "data.tasks=[0]"]
+    assert main([*args, "eval.batch_size=10"]) == 0
+    (own,) = result.run_dir.glob("eval_2*")
+    assert (own / "metrics.jsonl").exists() and (own / "eval" / "results.jsonl").exists()
     # ... and on another split than the run's (its loader position is not carried over).
-    assert main([*args, "eval.split=all", "eval.name=eval_all"]) == 0
-    assert (result.run_dir / "eval_all" / "step_000002" / "report.html").exists()
+    assert main([*args, "eval.batch_size=50", "eval.split=all", "eval.name=eval_all"]) == 0
+    (own,) = result.run_dir.glob("eval_all_2*")
+    assert (own / "eval_all" / "step_000002" / "report.html").exists()
