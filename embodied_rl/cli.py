@@ -18,6 +18,7 @@ from embodied_rl.dag.node_type import NodeConfigError
 from embodied_rl.dag.spec import DagValidationError
 from embodied_rl.registry import COMMANDS, UnknownNameError, load_plugins
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, validate_config
+from embodied_rl.runtime.config_compose import one_line
 
 USER_ERRORS = (
     ConfigError,
@@ -102,16 +103,22 @@ def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
 def _run_demos(args: argparse.Namespace) -> int:
     """``embodied-rl demos``: the implementation is registered by the simulators package."""
     load_plugins(("simulators",))
-    return COMMANDS.get("demos")(
-        suite=args.suite,
-        tasks=_all_or_ids(args.tasks),
-        init_states=_all_or_ids(args.init_states),
-        out=args.out,
-        image_size=args.image_size,
-        report=args.report,
-        progress=not args.no_progress,
-        overwrite=args.overwrite,
-    )
+    try:
+        return COMMANDS.get("demos")(
+            suite=args.suite,
+            tasks=_all_or_ids(args.tasks),
+            init_states=_all_or_ids(args.init_states),
+            out=args.out,
+            image_size=args.image_size,
+            report=args.report,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
+    except ImportError as err:  # the simulator package (LIBERO) is missing: its message says so
+        raise ConfigError(
+            f"embodied-rl demos cannot run: {one_line(err)}",
+            "install the package the message names",
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode = "eval" if args.command == "eval" else "train"
         if mode == "eval" and not cfg.get("eval_dag"):
             raise ConfigError(
-                f"{args.config_name} has no eval_dag; add 'eval_dag: env' to its defaults"
+                f"{args.config_name} has no eval_dag", "add 'eval_dag: env' to its defaults"
             )
         try:
             result = launch(cfg, show_progress=not args.no_progress, mode=mode)

@@ -240,6 +240,12 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     except OmegaConfBaseException as err:
         raise unresolvable(err, "the config") from None
     _check_top_level(plain)
+    for name in ("workers", "trainer", "ray"):  # the workers read them key by key
+        if name not in plain:
+            raise ConfigError(
+                f"the config has no '{name}' section",
+                f"restore it (drop ~{name}; configs/runtime/default.yaml holds the defaults)",
+            )
     workers = section(plain, "workers")
     for name in ("trainer", "ray"):
         section(plain, name)

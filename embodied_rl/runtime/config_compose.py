@@ -47,10 +47,16 @@ def compose(
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         unknown = _unknown_override_key(err, config_name, directory)
         raise unknown or ConfigError(
-            f"cannot compose {config_name!r} with {list(overrides)}: {err}",
+            # hydra's messages span lines (parse position, a docs link): the CLI prints one line.
+            f"cannot compose {config_name!r} with {list(overrides)}: {one_line(err)}",
             "correct the override named above (key=value changes a key, +key=value adds one, "
             "group=option picks a config group option)",
         ) from None
+
+
+def one_line(err: Exception) -> str:
+    """``err``'s message with its lines joined by ``"; "``."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 def _unknown_override_key(err: Exception, config_name: str, directory: Path) -> ConfigError | None:

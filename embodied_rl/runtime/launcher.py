@@ -23,6 +23,7 @@ from embodied_rl.devices import actor_options, bundle, device_spec
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime import cluster
 from embodied_rl.runtime.config import section, validate_config
+from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.memory import worker_process_env
 from embodied_rl.runtime.preemption import (
     PREEMPTED_EXIT_CODE,
@@ -99,8 +100,10 @@ def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
         if runs:
             return runs[-1]
         if mode != "eval":
-            raise RunFailed(
-                f"resume=true but no earlier run with checkpoints under {root}; set run_dir=..."
+            raise ConfigError(
+                f"resume=true but no earlier run with checkpoints under {root}",
+                "set run_dir=<a run folder with checkpoints/>, or drop resume=true to start a "
+                "new run",
             )
     return root / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
