@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import open_dict
 
 from embodied_rl.cli import main
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.launcher import RunPreempted, launch
 from embodied_rl.runtime.worker import status_path
+from tests.embodied_rl.runtime.run_helpers import read_metrics, with_hang_before_train
 
 pytestmark = pytest.mark.ray
 
@@ -56,18 +56,7 @@ def _config(run_dir: Path, *overrides: str, hang_at: int = -1) -> Any:
     uninterrupted and the preempted run differ only in the signal.
     """
     cfg = compose("srpo_reach", [*SMALL, f"run_dir={run_dir}", *overrides])
-    with open_dict(cfg):
-        hang = {"rank": 0, "step": hang_at, "mode": "hang", "hang_s": HANG_S}
-        cfg.dag.nodes.append(
-            {"id": "chaos", "type": "fault.inject", "deps": ["advantage"], "config": hang}
-        )
-        train = next(node for node in cfg.dag.nodes if node.id == "train")
-        train.deps = ["chaos"]
-    return cfg
-
-
-def _metrics(run_dir: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return with_hang_before_train(cfg, 0, hang_at, HANG_S)
 
 
 def _numbers(rows: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -118,7 +107,7 @@ class _Terminator(threading.Thread):
 def test_sigterm_mid_step_checkpoints_that_step_and_resume_matches_an_uninterrupted_run(
     tmp_path,
 ):
-    full = _metrics(launch(_config(tmp_path / "full"), show_progress=False).run_dir)
+    full = read_metrics(launch(_config(tmp_path / "full"), show_progress=False).run_dir)
     run_dir = tmp_path / "preempted"
     terminator = _Terminator(run_dir, os.getpid(), STOP_STEP, "chaos")
     terminator.start()
@@ -138,13 +127,13 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resume_matches_an_uninterrup
     # Only the stop's checkpoint exists (no regular one before the end): it was written for
     # the step in progress, whose evaluation ran and whose metrics row was logged.
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [newest.name]
-    cut = _metrics(run_dir)
+    cut = read_metrics(run_dir)
     assert [row["step"] for row in cut] == list(range(stopped))
     assert "eval/success_rate" in cut[-1]
     status = _status(run_dir)
     assert (status["phase"], status["node"], status["step"]) == ("preempted", None, stopped)
 
-    resumed = _metrics(launch(_config(run_dir, "resume=true"), show_progress=False).run_dir)
+    resumed = read_metrics(launch(_config(run_dir, "resume=true"), show_progress=False).run_dir)
 
     assert [row["step"] for row in resumed] == list(range(TOTAL_STEPS))
     assert "eval/success_rate" in resumed[-1]  # an evaluation after the resume too

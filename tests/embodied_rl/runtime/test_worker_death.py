@@ -21,13 +21,13 @@ from typing import Any
 
 import psutil
 import pytest
-from omegaconf import open_dict
 
 from embodied_rl.checkpoint import latest_checkpoint
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.memory import memory_mb, worker_process_env
 from embodied_rl.runtime.worker import status_path
+from tests.embodied_rl.runtime.run_helpers import read_metrics, with_hang_before_train
 
 pytestmark = pytest.mark.ray
 
@@ -53,27 +53,14 @@ def _config(run_dir: Path, *overrides: str, hang_at: int = -1) -> Any:
             *overrides,
         ],
     )
-    with open_dict(cfg):
-        # The same DAG in every run (a disabled fault node passes its batch through), so the
-        # uninterrupted and the resumed run differ only in the kill.
-        hang = {"rank": KILL_RANK, "step": hang_at, "mode": "hang", "hang_s": 120.0}
-        cfg.dag.nodes.append(
-            {"id": "chaos", "type": "fault.inject", "deps": ["advantage"], "config": hang}
-        )
-        train = next(node for node in cfg.dag.nodes if node.id == "train")
-        train.deps = ["chaos"]
-    return cfg
-
-
-def _metrics(run_dir: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return with_hang_before_train(cfg, KILL_RANK, hang_at, 120.0)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     launch(_config(run_dir), show_progress=False)
-    return _metrics(run_dir)
+    return read_metrics(run_dir)
 
 
 class _Killer(threading.Thread):
@@ -137,11 +124,11 @@ def test_killed_worker_stops_the_run_and_resume_matches_the_uninterrupted_run(
     )
 
     # Step 2 finished and was logged, but the last complete checkpoint is after step 1.
-    assert [m["step"] for m in _metrics(run_dir)] == [0, 1, 2]
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2]
     assert latest_checkpoint(run_dir / "checkpoints").name == "step_000002"
 
     launch(_config(run_dir, "resume=true"), show_progress=False)
-    resumed = _metrics(run_dir)
+    resumed = read_metrics(run_dir)
     assert [m["step"] for m in resumed] == list(range(TOTAL_STEPS))  # each step once
     for step in range(TOTAL_STEPS):
         for key in COMPARED:
