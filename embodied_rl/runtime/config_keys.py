@@ -65,6 +65,25 @@ def _unknown_leaf(path: str, value: Any, options: set[str]) -> str | None:
     return None if path.rsplit(".", 1)[-1] in options else path
 
 
+def _missing_pass_hint(unknown: str, options: set[str]) -> str:
+    """A hint when a parent of ``unknown`` is what a node option passes on whole.
+
+    ``simulator.options.render_size`` is unreferenced when a node lost its
+    ``simulator_options: ${simulator.options}`` line; the option named after the parent
+    (``simulator_options``) says where the reference belongs.
+    """
+    parts = unknown.split(".")[:-1]
+    for end in range(len(parts), 0, -1):
+        option = "_".join(parts[:end])
+        if option in options:
+            parent = ".".join(parts[:end])
+            return (
+                f" (the node option {option!r} takes ${{{parent}}}: is it missing from a "
+                "node's config?)"
+            )
+    return ""
+
+
 def check_unused(unresolved: Mapping[Any, Any]) -> list[str]:
     """Keys of the node-fed sections that no interpolation passes to a node.
 
@@ -89,6 +108,7 @@ def check_unused(unresolved: Mapping[Any, Any]) -> list[str]:
             candidates = sorted((options | set(map(str, siblings or ()))) - {leaf})
             close = difflib.get_close_matches(leaf, candidates, n=1)
             hint = f" (did you mean {parent}.{close[0]}?)" if close and parent else ""
+            hint = hint or _missing_pass_hint(unknown, options)
             raise ConfigError(
                 f"unknown config key {unknown}: no node type has an option {leaf!r} and no "
                 f"node's config refers to {unknown}{hint}",
