@@ -199,13 +199,14 @@ def _check_models(models: Any) -> dict[str, ModelSpec]:
     return specs
 
 
-def _check_init_from(specs: Mapping[str, ModelSpec]) -> None:
-    """Every ``init_from`` names a complete checkpoint of a matching policy with statistics."""
+def _check_init_from(specs: Mapping[str, ModelSpec], simulator: Mapping[str, Any] | None) -> None:
+    """Every ``init_from`` names a complete checkpoint of a matching policy with statistics,
+    trained on the observations this run's ``simulator`` section gives."""
     for name, spec in specs.items():
         if spec.init_from is None:
             continue
         try:
-            check_init_from(name, spec.policy, spec.options, spec.init_from)
+            check_init_from(name, spec.policy, spec.options, spec.init_from, simulator)
         except InitFromError as err:
             raise ConfigError(err.problem, err.fix) from None
 
@@ -252,7 +253,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     evaluation = section(plain, "eval")
     load_all_plugins(plain)
     models = _check_models(plain.get("models"))
-    _check_init_from(models)
+    _check_init_from(models, plain.get("simulator"))
     dags = []
     if plain.get("eval_dag") is not None:
         dags.append(dag_from_config(plain, workers.num_workers, key="eval_dag"))

@@ -17,7 +17,7 @@ Optimizer state, node state and the step are not taken: the new run starts at st
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ from embodied_rl import checkpoint
 from embodied_rl.registry import model_builder
 
 RUN_CONFIG = "config.yaml"
+# Simulator options that fix what a policy's inputs look like: a checkpoint trained on 64 px
+# agentview frames means something else on 128 px frames or another camera set, even where
+# the policy would resize them (OpenVLA-OFT) and run without an error.
+OBSERVATION_OPTIONS = ("image_size", "cameras")
 STATISTICS_FLAG = "normalizer.action.present"  # see policies/normalization.py
 
 
@@ -45,6 +49,8 @@ class InitSource:
     Attributes:
         run_dir: the run that trained it; checkpoint: its ``step_N`` directory.
         model: the model's name in that run; policy / options: its entry there.
+        observation: that run's ``simulator.options`` among ``OBSERVATION_OPTIONS`` (empty
+            for a run without a simulator).
     """
 
     run_dir: Path
@@ -52,6 +58,7 @@ class InitSource:
     model: str
     policy: str
     options: dict[str, Any]
+    observation: dict[str, Any] = field(default_factory=dict)
 
 
 def _checkpoint_of(path: Path, where: str) -> tuple[Path, Path]:
@@ -87,7 +94,8 @@ def resolve_init_source(init_from: str, name: str) -> InitSource:
             f"{where}: {run_dir} has no {RUN_CONFIG} (the resolved config every run writes)",
             "point init_from at a run directory written by `embodied-rl train`",
         )
-    models = OmegaConf.to_container(OmegaConf.load(config_file)).get("models") or {}
+    config = OmegaConf.to_container(OmegaConf.load(config_file))
+    models = config.get("models") or {}
     trainable = [m for m, entry in models.items() if entry.get("trainable", True)]
     model = name if name in models else (trainable[0] if len(trainable) == 1 else None)
     if model is None:
@@ -97,7 +105,15 @@ def resolve_init_source(init_from: str, name: str) -> InitSource:
             f"rename models.{name} to the run's model name, or use a run with one trainable model",
         )
     entry = models[model]
-    return InitSource(run_dir, ckpt, model, str(entry["policy"]), dict(entry.get("options") or {}))
+    options = dict(entry.get("options") or {})
+    observation = observation_options(config.get("simulator"))
+    return InitSource(run_dir, ckpt, model, str(entry["policy"]), options, observation)
+
+
+def observation_options(simulator: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``OBSERVATION_OPTIONS`` a run config's ``simulator`` section sets."""
+    options = (simulator or {}).get("options") or {}
+    return {key: options[key] for key in OBSERVATION_OPTIONS if key in options}
 
 
 def architecture(policy: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,15 +137,26 @@ def _mismatches(source: InitSource, options: Mapping[str, Any], name: str) -> li
     ]
 
 
-def check_init_from(name: str, policy: str, options: Mapping[str, Any], init_from: str) -> None:
+def check_init_from(
+    name: str,
+    policy: str,
+    options: Mapping[str, Any],
+    init_from: str,
+    simulator: Mapping[str, Any] | None = None,
+) -> None:
     """Refuse an ``init_from`` the model cannot start from (on the driver, before Ray).
 
+    Args:
+        simulator: this run's ``simulator`` section (``None``: no simulator); its observation
+            options must equal the checkpoint run's.
+
     Raises:
-        InitFromError: no complete checkpoint, another policy type, architecture options that
-            differ, no such model in the checkpoint, or no normalisation statistics.
+        InitFromError: no complete checkpoint, another policy type, architecture or
+            observation options that differ, no such model in the checkpoint, or no
+            normalisation statistics.
     """
     try:
-        _check(name, policy, options, init_from)
+        _check(name, policy, options, init_from, observation_options(simulator))
     except InitFromError:
         raise
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:  # unreadable files
@@ -140,7 +167,13 @@ def check_init_from(name: str, policy: str, options: Mapping[str, Any], init_fro
         ) from None
 
 
-def _check(name: str, policy: str, options: Mapping[str, Any], init_from: str) -> None:
+def _check(
+    name: str,
+    policy: str,
+    options: Mapping[str, Any],
+    init_from: str,
+    observation: Mapping[str, Any],
+) -> None:
     where = f"models.{name}.init_from"
     source = resolve_init_source(init_from, name)
     if source.policy != policy:
@@ -157,6 +190,20 @@ def _check(name: str, policy: str, options: Mapping[str, Any], init_from: str) -
             f"options ({'; '.join(different)}); its weights mean something else here",
             f"set the models.{name}.options above to the values 'there', or train the "
             "checkpoint with this config's options",
+        )
+    seen = [
+        f"simulator.options.{key}={source.observation[key]!r} there, {observation[key]!r} here"
+        for key in OBSERVATION_OPTIONS
+        if key in source.observation
+        and key in observation
+        and source.observation[key] != observation[key]
+    ]
+    if seen:
+        raise InitFromError(
+            f"{where}: {source.run_dir} trained models.{source.model} on other observations "
+            f"({'; '.join(seen)}); its weights never saw these inputs",
+            "set the simulator.options above to the values 'there', or train the checkpoint "
+            "with this config's simulator options",
         )
     state = load_init_state(source)
     if STATISTICS_FLAG in state and not bool(state[STATISTICS_FLAG]):

@@ -177,6 +177,10 @@ def test_mismatches_are_refused_with_the_fix(mlp_run, tmp_path):
     assert "image_size=16 there, 32 here" in message
     message = _refusal(_rl("srpo_libero", run, "models.actor.options.gripper_convention=none"))
     assert "gripper_convention='libero' there, 'none' here" in message
+    # Not a policy option (OpenVLA-OFT resizes any image): the simulator's observations.
+    message = _refusal(_rl("srpo_libero", run, "simulator.options.cameras=[robot0_eye_in_hand]"))
+    assert "other observations" in message
+    assert "cameras=['agentview'] there, ['robot0_eye_in_hand'] here" in message
     message = _refusal(_rl("srpo_libero", tmp_path / "nowhere"))
     assert "does not exist" in message
     (tmp_path / "empty").mkdir()
