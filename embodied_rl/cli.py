@@ -11,6 +11,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,12 @@ from embodied_rl.dag.spec import DagValidationError
 from embodied_rl.registry import COMMANDS, UnknownNameError, load_plugins
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, validate_config
 from embodied_rl.runtime.config_compose import one_line
+
+# What workers print reaches this console through Ray: rank 0's step lines, warnings, errors.
+# Ray reads these when it is imported (a value the user set wins): no "(DAGWorker pid=...)"
+# prefix in colour on every line, and no deduplication, which holds back a line that several
+# workers print for seconds, then appends "[repeated Nx across cluster]" and a tip.
+RAY_CONSOLE_ENV = {"RAY_DISABLE_WORKER_LOG_PREFIX": "1", "RAY_DEDUP_LOGS": "0"}
 
 USER_ERRORS = (
     ConfigError,
@@ -123,12 +130,14 @@ def _run_demos(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for name, value in RAY_CONSOLE_ENV.items():
+        os.environ.setdefault(name, value)
     try:
         if args.command == "demos":
             return _run_demos(args)
         cfg = compose(args.config_name, args.overrides, args.config_dir)
-        dag = validate_config(cfg)
         if args.command == "validate":
+            dag = validate_config(cfg)
             print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
             return 0
         from embodied_rl.runtime.launcher import RunFailed, launch, preview_placement
@@ -136,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             from embodied_rl.dag.planner import format_plan, plan_dag
 
+            dag = validate_config(cfg)
             print(format_plan(dag, plan_dag(dag)))
             try:
                 print(preview_placement(cfg))
@@ -149,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(
                 f"{args.config_name} has no eval_dag", "add 'eval_dag: env' to its defaults"
             )
-        try:
+        try:  # launch validates the config first (once: its warnings print once)
             result = launch(cfg, show_progress=not args.no_progress, mode=mode)
         except RunFailed as err:
             print(f"error: {err}", file=sys.stderr)

@@ -35,6 +35,7 @@ RETURNS = "returns"  # (B, R) float32
 OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8
 OBS_STATE = "obs_state"  # (B, T, S) float32 proprio
 ACTIONS = "actions"  # (B, T, A) float32 env actions (demos: (B, C, A), a step's action chunk)
+ENV_ACTIONS = "env_actions"  # (B, T, C, A) what the env got at each policy step (to replay it)
 ACTION_TOKENS = "action_tokens"  # (B, T, K) int64 discrete action tokens
 RAW_ACTIONS = "raw_actions"  # (B, T, K) float32 sampled pre-squash continuous actions
 STEP_MASK = "step_mask"  # (B, T) float32, 1 = step before (and at) finish
@@ -43,7 +44,8 @@ SUCCESS = "success"  # (B,) bool
 TASK_ID = "task_id"  # (B,) int64
 INIT_STATE_ID = "init_state_id"  # (B,) int64
 FRAME_COUNT = "frame_count"  # (B,) int64 valid frames in FRAMES (with a frame stride)
-FRAMES = "frames"  # (B, T, H, W, 3) uint8 video frames (SRPO encoder, eval videos)
+FRAMES = "frames"  # (B, T, H, W, 3) uint8 frames of the policy steps (SRPO video encoder)
+HAS_VIDEO = "has_video"  # (B,) bool: rollout.videos wrote the episode's video
 TRAJ_EMBEDDING = "traj_embedding"  # (B, D) float32, all zero = invalid trajectory
 
 # --- multi-turn interaction (rollout.llm_multiturn) ---------------------------------------

@@ -54,11 +54,13 @@ class EnvRolloutConfig:
         processes: 0 runs the envs in this process; > 0 in that many simulator processes.
         max_steps: policy steps per episode (``None``: the simulator's limit / chunk).
         temperature / do_sample: sampling of the policy's actions.
-        keep_frames: store FRAMES (B, T', H, W, 3) for the video encoder and videos: the
+        keep_frames: store FRAMES (B, T', H, W, 3) for the SRPO video encoder: the
             observation images when the env returns them, else ``render()`` frames.
         frame_stride: keep the frame of every ``frame_stride``-th policy step, 0, k, 2k...
             (``T' = ceil(T / stride)``; FRAME_COUNT holds each episode's valid frames);
             rendered frames are only rendered at those steps.
+        keep_actions: store ENV_ACTIONS (B, T, C, A), the actions the env got, so that
+            ``rollout.videos`` can replay an episode step by step for its video.
     """
 
     model: str = "actor"
@@ -72,6 +74,7 @@ class EnvRolloutConfig:
     do_sample: bool = True
     keep_frames: bool = True
     frame_stride: int = 1
+    keep_actions: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, ("group_size", "num_envs", "frame_stride"), 1)
@@ -103,7 +106,7 @@ ROLLOUT_WRITES = (
 )  # fmt: skip
 
 
-def build_env(cfg: EnvRolloutConfig) -> Any:
+def build_env(cfg: Any) -> Any:
     """The vector env of this worker, through the simulators' registry: in this process
     (``processes`` 0) or in ``processes`` simulator processes."""
     simulator = SIMULATORS.get(cfg.simulator)
@@ -111,10 +114,11 @@ def build_env(cfg: EnvRolloutConfig) -> Any:
 
 
 def setup_env(ctx: Any) -> None:
-    """Build this worker's vector env, or take the one a rollout node of another DAG built
-    with the same simulator, options, env count and processes (the training and the
-    evaluation rollout share one: a LIBERO env's scenes and renderer are large)."""
-    cfg: EnvRolloutConfig = ctx.node_config
+    """Build this worker's vector env, or take the one a node of another DAG built with the
+    same simulator, options, env count and processes (the training and the evaluation
+    rollout share one, and ``rollout.videos`` replays on it: a LIBERO env's scenes and renderer
+    are large). ``ctx.node_config`` has the fields of :func:`build_env`."""
+    cfg = ctx.node_config
     options = json.dumps(dict(cfg.simulator_options), sort_keys=True, default=str)
     key = f"{ENV_STATE}/{cfg.simulator}/{options}/{cfg.num_envs}/{cfg.processes}"
     if key not in ctx.shared:
@@ -122,10 +126,15 @@ def setup_env(ctx: Any) -> None:
     ctx.state[ENV_STATE] = ctx.shared[key]
 
 
+def _rollout_writes(cfg: EnvRolloutConfig) -> tuple[str, ...]:
+    frames = (K.FRAMES, K.FRAME_COUNT) if cfg.keep_frames else ()
+    return ROLLOUT_WRITES + frames + ((K.ENV_ACTIONS,) if cfg.keep_actions else ())
+
+
 @register_node(
     "rollout.env",
     reads=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
-    writes=lambda c: ROLLOUT_WRITES + ((K.FRAMES, K.FRAME_COUNT) if c.keep_frames else ()),
+    writes=_rollout_writes,
     config=EnvRolloutConfig,
     batch_factor=lambda c: c.group_size,
     setup=setup_env,
@@ -190,7 +199,7 @@ def _run_wave(
         obs = env.reset(task_ids, init_ids)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
-    keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames")
+    keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames", "actions")
     record: dict[str, list[Any]] = {key: [] for key in keys}
     render = cfg.keep_frames and obs.image is None  # frames from render(), every k-th step
     done = np.zeros(env.num_envs, dtype=bool)
@@ -214,6 +223,8 @@ def _run_wave(
         record["tokens"].append(None if act.tokens is None else act.tokens[:count])
         record["raw"].append(None if act.raw_actions is None else act.raw_actions[:count])
         record["logprobs"].append(act.logprobs[:count])
+        if cfg.keep_actions:  # as sent: a replay must give the env the very same numbers
+            record["actions"].append(np.array(act.actions[:count]))
         with simulating(shared, "a rollout"), _timed(phases, "step"):
             result = env.step_chunk(act.actions)  # (num_envs, C, A): C env steps
             obs, done, success = result.obs, done | result.done, success | result.success
@@ -267,6 +278,8 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
         fields[K.ACTION_TOKENS] = cat("tokens").long()
     if waves[0]["raw"][0] is not None:
         fields[K.RAW_ACTIONS] = cat("raw").float()
+    if cfg.keep_actions:  # zero after each episode's last step, in the policy's dtype
+        fields[K.ENV_ACTIONS] = cat("actions")
     out = make_batch(fields)
     for key in (K.TASK_ID, K.INIT_STATE_ID, K.GROUP_ID, K.SAMPLE_ID):
         out[key] = rows[key]

@@ -15,7 +15,10 @@ envs but shaped for robot-policy rollouts:
   overrides it to observe once per chunk. An env that finishes mid-chunk skips the rest of
   its chunk and keeps the observation of its final step (the latch above);
 - ``task_descriptions`` holds one instruction per env ("reach the red target"), set by reset;
-- ``render()`` returns frames for videos, ``close()`` frees processes and GL contexts.
+- ``render(size=None, envs=None)`` returns frames of the current states: at
+  ``spec.render_shape`` (the SRPO encoder's frames), or square at ``size`` (an evaluation's
+  videos, drawn at their own size whatever the policy's image size); of every env, or of
+  ``envs`` only; ``close()`` frees processes and GL contexts.
 
 A simulator registers its builder ``builder(options: Mapping, num_envs: int) -> VectorEnv``
 with ``@register_simulator(name, config=ConfigDataclass)``. ``SIMULATORS.get(name)`` is then a
@@ -171,8 +174,17 @@ class VectorEnv(abc.ABC):
         """The instruction of each env's current task (``N`` strings, set by reset)."""
 
     @abc.abstractmethod
-    def render(self) -> np.ndarray:
-        """Return ``(N, H, W, 3)`` uint8 frames of the current states (for videos)."""
+    def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
+        """Return frames of the current states (videos, the SRPO encoder).
+
+        Args:
+            size: side of square frames drawn at this size; ``None`` = ``spec.render_shape``.
+            envs: the envs to draw, in this order (:func:`check_env_ids`); ``None`` = all.
+                A few episodes replayed on a wider vector env draw only theirs.
+
+        Returns:
+            ``(len(envs) or N, H, W, 3)`` uint8: ``spec.render_shape`` or ``(size, size, 3)``.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -196,8 +208,8 @@ class Simulator:
         build: ``build(options, num_envs) -> VectorEnv``, the in-process builder.
         config_cls: the dataclass of the simulator's options (``None``: options are checked
             only when an env is built). Its optional ``limits()`` method returns
-            ``{"num_tasks": n, "num_init_states": m}`` (either may be missing when unknown
-            without building an env).
+            ``{"num_tasks": n, "num_init_states": m, "max_render_size": s}`` (any may be
+            missing when unknown without building an env, or unlimited).
     """
 
     def __init__(self, name: str, build: Builder, config_cls: type | None = None) -> None:
@@ -216,8 +228,9 @@ class Simulator:
         return config_from_options(self.config_cls, options, self.name)
 
     def limits(self, options: Mapping[str, Any] | None) -> dict[str, int]:
-        """``num_tasks`` / ``num_init_states`` (per task) of the simulator with ``options``,
-        as far as they are known without building an env (cheap: no scene, no GL context)."""
+        """``num_tasks`` / ``num_init_states`` (per task) / ``max_render_size`` (the largest
+        ``render(size)``) of the simulator with ``options``, as far as they are known without
+        building an env (cheap: no scene, no GL context)."""
         describe = getattr(self.check_options(options), "limits", None)
         return {} if describe is None else dict(describe())
 
@@ -305,6 +318,16 @@ def check_reset_ids(
             f"init-state ids must be in [0, {spec.num_init_states}), got {inits.tolist()}"
         )
     return tasks, inits
+
+
+def check_env_ids(num_envs: int, envs: Sequence[int] | None) -> list[int]:
+    """``render``'s ``envs``: the env indices as a list (``None``: all ``num_envs``)."""
+    if envs is None:
+        return list(range(num_envs))
+    ids = [int(i) for i in envs]
+    if any(not 0 <= i < num_envs for i in ids):
+        raise ValueError(f"env indices must be in [0, {num_envs}), got {ids}")
+    return ids
 
 
 def check_actions(spec: EnvSpec, num_envs: int, actions: np.ndarray) -> np.ndarray:

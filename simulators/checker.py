@@ -111,11 +111,11 @@ def check_vector_env(
 
     Resets to a mix of tasks and init states, steps uniform random actions, and verifies
     shapes, dtypes and ranges of everything returned, the task descriptions, ``render()``,
-    that a wrong action shape is refused, that resetting to the same ``(task, init_state)``
-    gives the same observation and that the same actions then give the same results, that
-    ``step_chunk`` over those actions ends with the same observations and flags and the
-    summed rewards, and (``full_episode``) that every env is done after ``spec.max_steps``
-    steps and stays done.
+    ``render(size)`` and ``render(size, envs)``, that a wrong action shape is refused, that
+    resetting to the same ``(task, init_state)`` gives the same observation and that the same
+    actions then give the same results, that ``step_chunk`` over those actions ends with the
+    same observations and flags and the summed rewards, and (``full_episode``) that every env
+    is done after ``spec.max_steps`` steps and stays done.
 
     Raises:
         EnvCheckError: naming the first broken rule.
@@ -140,14 +140,14 @@ def check_vector_env(
     actions = rng.uniform(low, high, size=(num_steps, num_envs, spec.action_dim))
     results = _check_episode(env, actions.astype(np.float32), "random")
     if spec.render_shape is not None:
-        frames = env.render()
-        expected = (num_envs, *spec.render_shape)
+        _check_render(env, None, None, (num_envs, *spec.render_shape))
+        size = spec.render_shape[0] + 8  # another size: what an evaluation's videos ask for
+        full = _check_render(env, size, None, (num_envs, size, size, 3))
+        some = [num_envs - 1, 0]
+        picked = _check_render(env, size, some, (2, size, size, 3))
         _expect(
-            isinstance(frames, np.ndarray)
-            and frames.dtype == np.uint8
-            and frames.shape == expected,
-            f"render() must return a {expected} uint8 array, got "
-            f"{getattr(frames, 'dtype', type(frames))} {getattr(frames, 'shape', '')}",
+            np.array_equal(picked, full[some]),
+            f"render({size}, envs={some}) must return those envs' frames of render({size})",
         )
     try:
         env.step(np.zeros((num_envs, spec.action_dim + 1), np.float32))
@@ -167,6 +167,19 @@ def check_vector_env(
     _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
     if full_episode:
         _check_full_episode(env, tasks, inits, rng)
+
+
+def _check_render(
+    env: VectorEnv, size: int | None, envs: list[int] | None, expected: tuple[int, ...]
+) -> np.ndarray:
+    frames = env.render(size, envs)
+    call = f"render({size}, envs={envs})"
+    _expect(
+        isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.shape == expected,
+        f"{call} must return a {expected} uint8 array, got "
+        f"{getattr(frames, 'dtype', type(frames))} {getattr(frames, 'shape', '')}",
+    )
+    return frames
 
 
 def _check_chunks(

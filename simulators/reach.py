@@ -37,6 +37,7 @@ from simulators.base import (
     StepResult,
     VectorEnv,
     check_actions,
+    check_env_ids,
     check_reset_ids,
     config_from_options,
     register_simulator,
@@ -289,12 +290,16 @@ class ReachVectorEnv(VectorEnv):
                 self._image[i] = self._render_one(i, self.config.image_size)
         return StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
 
-    def render(self) -> np.ndarray:
-        """Return ``(N, render_size, render_size, 3)`` uint8 top-down frames."""
-        size = self.config.render_size
-        if not size:
-            raise RuntimeError("reach: render() needs render_size > 0")
-        return np.stack([self._render_one(i, size) for i in range(self.num_envs)])
+    def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
+        """Return ``(N, S, S, 3)`` uint8 top-down frames, ``S`` = ``size`` or ``render_size``
+        (``N`` = ``len(envs)`` when given)."""
+        if size is None:
+            size = self.config.render_size
+            if not size:
+                raise RuntimeError("reach: render() needs render_size > 0 (or a size)")
+        check_range("reach render size", size, 1)
+        ids = check_env_ids(self.num_envs, envs)
+        return np.stack([self._render_one(i, int(size)) for i in ids])
 
     def close(self) -> None:
         for renderer in self._renderers.values():
@@ -319,7 +324,7 @@ class ReachVectorEnv(VectorEnv):
     def _render_one(self, i: int, size: int) -> np.ndarray:
         renderer = self._renderers.get(size)
         if renderer is None:  # first frame of this size: the GL context is made here
-            renderer = mujoco.Renderer(self.model, height=size, width=size)
+            renderer = _make_renderer(self.model, size)
             self._renderers[size] = renderer
         renderer.update_scene(self._data[i], camera="top")
         return renderer.render()
@@ -335,6 +340,18 @@ class ReachVectorEnv(VectorEnv):
             time.sleep(config.debug_hang_s)
         if fail:
             raise InjectedSimulatorFault(f"reach: injected fault at episode step {step}")
+
+
+def _make_renderer(model: mujoco.MjModel, size: int) -> mujoco.Renderer:
+    """A ``size x size`` renderer; a larger offscreen buffer than the model's is made for it
+    alone (a video size), so the observation renderers keep theirs and their pixels."""
+    visual = model.vis.global_
+    buffer = (visual.offwidth, visual.offheight)
+    visual.offwidth, visual.offheight = max(buffer[0], size), max(buffer[1], size)
+    try:
+        return mujoco.Renderer(model, height=size, width=size)
+    finally:
+        visual.offwidth, visual.offheight = buffer
 
 
 def _claim_fault(once_path: str) -> bool:

@@ -137,8 +137,17 @@ def _handle_replay(
     _write_obs(views, obs)
 
 
-def _handle_render(env: VectorEnv, views: dict) -> None:
-    views["frames"][:] = env.render()
+def _handle_render(
+    env: VectorEnv, views: dict, size: int | None = None, envs: list[int] | None = None
+) -> np.ndarray | None:
+    """Frames into the block when they are all of its envs at its size (``None`` back), else
+    back by pipe."""
+    frames = env.render(size, envs)
+    everyone = envs is None or list(envs) == list(range(env.num_envs))
+    if everyone and "frames" in views and views["frames"].shape == frames.shape:
+        views["frames"][:] = frames
+        return None
+    return frames
 
 
 _HANDLERS = {

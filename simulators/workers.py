@@ -10,7 +10,8 @@ created where they are used (processes start with the ``spawn`` method, never ``
   that observes once per chunk (LIBERO) is asked once per chunk.
 - Observations and frames come back through one ``SharedMemory`` block per child, allocated
   by the parent once the first child reports the env spec and kept across restarts; the
-  child writes into it, the parent copies out of it. Rewards and flags go over the pipe.
+  child writes into it, the parent copies out of it. Rewards and flags go over the pipe, and
+  so do frames of another size than ``spec.render_shape`` or of some envs only (videos).
 - Fault tolerance: a child that dies, hangs past its timeout or raises is killed and
   restarted; its episode is re-run from its ``(task, init_state)`` with the actions it
   received since its last reset, as one chunk (identical for a deterministic simulator),
@@ -49,6 +50,7 @@ from simulators.base import (
     VectorEnv,
     check_action_chunk,
     check_actions,
+    check_env_ids,
     check_reset_ids,
 )
 from simulators.worker_process import block_size, child_main, shared_views
@@ -270,11 +272,27 @@ class ProcessVectorEnv(VectorEnv):
         )
         return StepResult(self._read_obs(), reward, done, success)
 
-    def render(self) -> np.ndarray:
-        if self.spec.render_shape is None:
+    def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
+        """Frames of ``envs`` (all by default), asked of the processes that hold them: of
+        ``spec.render_shape`` for all their envs through the shared blocks, others (an
+        evaluation's videos: a few episodes, another size) over the pipes."""
+        if size is None and self.spec.render_shape is None:
             raise RuntimeError(f"simulator {self.name!r} cannot render (spec.render_shape is None)")
-        self._call({c.index: ("render", ()) for c in self._children}, self.step_timeout_s)
-        return np.concatenate([c.views["frames"] for c in self._children])
+        ids = check_env_ids(self.num_envs, envs)
+        local = {
+            c.index: [i - c.envs.start for i in ids if c.envs.start <= i < c.envs.stop]
+            for c in self._children
+        }
+        commands = {
+            c.index: ("render", (size, local[c.index])) for c in self._children if local[c.index]
+        }
+        replies = self._call(commands, self.step_timeout_s)
+        frames = {}  # env index -> frame
+        for index, reply in replies.items():
+            child = self._children[index]
+            block = child.views["frames"] if reply is None else reply
+            frames.update((child.envs.start + i, frame) for i, frame in zip(local[index], block))
+        return np.stack([frames[i] for i in ids])
 
     def close(self) -> None:
         self._finalizer()  # runs _shutdown once; later calls do nothing

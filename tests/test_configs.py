@@ -102,5 +102,26 @@ def test_eval_split_and_name_reach_the_evaluation_dag():
     assert default["tasks"]["split"] == "heldout" and default["report"]["name"] == "eval"
     train = eval_nodes(["eval.split=train", "eval.name=eval_train"])
     assert train["tasks"]["split"] == "train" and train["report"]["name"] == "eval_train"
+    assert train["videos"]["name"] == "eval_train"  # the videos go into the report's folder
     with pytest.raises(Exception, match="eval.split must be one of"):
         validate_config(compose("srpo_reach", ["eval.split=heldin"]))
+
+
+def test_eval_videos_replay_the_rollouts_env_at_eval_video_size():
+    """The evaluation rollout keeps its actions (no frames); rollout.videos replays on the same
+    env (same simulator settings) at eval.video_size; bad sizes are refused at validate."""
+    from omegaconf import OmegaConf
+
+    for name in ("srpo_reach", "srpo_libero"):
+        plain = OmegaConf.to_container(compose(name, ["eval.video_size=160"]), resolve=True)
+        nodes = {node["id"]: node.get("config", {}) for node in plain["eval_dag"]["nodes"]}
+        rollout, videos = nodes["rollout"], nodes["videos"]
+        assert rollout["keep_actions"] and not rollout["keep_frames"]
+        for key in ("simulator", "simulator_options", "num_envs", "processes"):
+            assert videos[key] == rollout[key], (name, key)
+        assert (videos["video_size"], videos["max_videos"]) == (160, plain["eval"]["max_videos"])
+        assert plain["rollout"]["keep_frames"] and not plain["rollout"].get("keep_actions")
+    with pytest.raises(Exception, match=r"video_size must be >= 1 \(pixels\), got 0"):
+        validate_config(compose("srpo_reach", ["eval.video_size=0"]))
+    with pytest.raises(Exception, match=r"video_size must be in \[1, 480\]"):
+        validate_config(compose("srpo_libero", ["eval.video_size=512"]))

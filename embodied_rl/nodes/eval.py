@@ -1,14 +1,14 @@
-"""The ``eval.report`` node: per-task success table, episode videos and an HTML/Markdown report.
+"""The ``eval.report`` node: per-task success table and an HTML/Markdown report with the videos.
 
 Every worker of the node all-gathers the small per-episode metadata (task id, init state,
-success, instruction, where the episode lives) over its data-parallel group, so the table and
-the choice of videos are exact over all ranks and identical on every rank. Each rank then
-writes the selected episodes it holds as MP4s (:mod:`embodied_rl.video`); dp rank 0 writes the
-report. Outputs, under ``<run_dir>/<name>/``::
+success, instruction, where the episode lives, whether it has a video) over its data-parallel
+group, so the table is exact over all ranks; dp rank 0 writes the report. The videos are
+written before, by ``rollout.videos`` (``rollout/videos.py``), which chooses them with
+:func:`select_videos` and marks them in HAS_VIDEO. Outputs, under ``<run_dir>/<name>/``::
 
-    step_000010/task3_init0_success_r1.mp4   videos (written by the rank that holds them)
-    step_000010/report.html                  title, overall success, table, embedded videos
-    step_000010/report.md                    the table in Markdown
+    step_000010/task3_init0_success_r1.mp4   videos (rollout.videos, by the rank that holds them)
+    step_000010/report.html                  title, overall success, table, videos inline
+    step_000010/report.md                    the table in Markdown, links to the videos
     step_000010/success_by_task.png          bar chart of per-task success
     results.jsonl                            one line per (step, task)
 
@@ -22,18 +22,24 @@ import html
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
-from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.batch import batch_len, strings
+from embodied_rl.data.batch import batch_len
+from embodied_rl.eval_episodes import (
+    Episode,
+    check_folder_name,
+    gather_episodes,
+    local_episodes,
+    step_folder,
+    written_videos,
+)
 from embodied_rl.metrics import read_metrics
 from embodied_rl.runtime.context import NodeContext
-from embodied_rl.video import write_video
 
 RESULTS_FILE = "results.jsonl"
 REPORT_HTML = "report.html"
@@ -46,56 +52,18 @@ class EvalReportConfig:
     """Options of ``eval.report``.
 
     Attributes:
-        max_videos: videos per step over all ranks (0 = none); one per (task, init state,
-            outcome) at most, spread over the tasks, successes and failures both.
-        fps: frame rate of the videos.
         suite_name: shown in the report title (e.g. ``libero_spatial``).
-        name: metric prefix (``<name>/success_rate``) and output folder under the run dir.
+        name: metric prefix (``<name>/success_rate``) and output folder under the run dir
+            (the one ``rollout.videos`` writes to).
         write_html: also write ``report.html`` (the Markdown, JSONL and chart always are).
     """
 
-    max_videos: int = 8
-    fps: int = 10
     suite_name: str = ""
     name: str = "eval"
     write_html: bool = True
 
     def __post_init__(self) -> None:
-        check_range("max_videos", self.max_videos, 0)
-        check_range("fps", self.fps, 1)
-        if not self.name or "/" in self.name or self.name in (".", ".."):
-            raise ValueError(f"name must be a plain folder name like 'eval', got {self.name!r}")
-
-
-@dataclass(frozen=True)
-class Episode:
-    """Metadata of one evaluated episode (what the ranks exchange; no frames).
-
-    Attributes:
-        task / init_state: the LIBERO-style task id and init state id.
-        success: the episode succeeded.
-        instruction: the language instruction (PROMPT_TEXT).
-        dp_rank / index: the dp shard holding it and its row in that shard's batch.
-        writer: global rank that writes its video (tp rank 0 of the shard).
-        has_frames: the shard's batch carries FRAMES (a video can be written).
-    """
-
-    task: int
-    init_state: int
-    success: bool
-    instruction: str
-    dp_rank: int
-    index: int
-    writer: int
-    has_frames: bool
-
-    @property
-    def outcome(self) -> str:
-        return "success" if self.success else "failure"
-
-    @property
-    def video_name(self) -> str:
-        return f"task{self.task}_init{self.init_state}_{self.outcome}_r{self.writer}.mp4"
+        check_folder_name(self.name)
 
 
 @dataclass
@@ -118,31 +86,6 @@ class TaskRow:
         return self.successes / self.episodes if self.episodes else 0.0
 
 
-def local_episodes(ctx: NodeContext, batch: TensorDict) -> list[Episode]:
-    """This rank's episodes, in batch order."""
-    n = batch_len(batch)
-    if n == 0:
-        return []
-    writer = ctx.layout.shard_ranks(ctx.dp_rank)[0]
-    has_frames = K.FRAMES in batch.keys()
-    texts = strings(batch, K.PROMPT_TEXT)
-    columns = zip(
-        batch[K.TASK_ID].tolist(), batch[K.INIT_STATE_ID].tolist(), batch[K.SUCCESS].tolist()
-    )
-    return [
-        Episode(int(t), int(s), bool(ok), str(texts[i]), ctx.dp_rank, i, writer, has_frames)
-        for i, (t, s, ok) in enumerate(columns)
-    ]
-
-
-def gather_episodes(ctx: NodeContext, local: list[Episode]) -> list[Episode]:
-    """Every dp rank's episodes, concatenated in dp-rank order (a collective on the group)."""
-    if ctx.dp_group is None or ctx.dp_size == 1:
-        return list(local)
-    parts = ctx.gather_over_dp([asdict(e) for e in local])
-    return [Episode(**record) for part in parts for record in part]
-
-
 def task_table(episodes: Sequence[Episode]) -> list[TaskRow]:
     """Per-task counts over ``episodes``, sorted by task id."""
     rows: dict[int, TaskRow] = {}
@@ -156,62 +99,6 @@ def task_table(episodes: Sequence[Episode]) -> list[TaskRow]:
         if not e.success:
             row.failed_inits.add(e.init_state)
     return [rows[task] for task in sorted(rows)]
-
-
-def select_videos(episodes: Sequence[Episode], max_videos: int) -> list[Episode]:
-    """Episodes to record, the same on every rank given the same gathered list.
-
-    Per task, the candidates alternate success, failure, success, ... in gathered order,
-    keeping the first episode of each (init state, outcome). Tasks then take turns (in task
-    order) until ``max_videos`` are chosen, so every task gets a video before any gets two.
-    """
-    per_task: dict[int, tuple[list[Episode], list[Episode]]] = {}
-    seen: set[tuple[int, int, bool]] = set()
-    for e in episodes:
-        key = (e.task, e.init_state, e.success)
-        if not e.has_frames or key in seen:
-            continue
-        seen.add(key)
-        successes, failures = per_task.setdefault(e.task, ([], []))
-        (successes if e.success else failures).append(e)
-    queues = []
-    for task in sorted(per_task):
-        successes, failures = per_task[task]
-        mixed = [e for pair in zip(successes, failures) for e in pair]
-        longer = successes if len(successes) > len(failures) else failures
-        queues.append(mixed + longer[min(len(successes), len(failures)) :])
-    chosen: list[Episode] = []
-    depth = 0
-    while len(chosen) < max_videos and any(depth < len(q) for q in queues):
-        chosen += [q[depth] for q in queues if depth < len(q)][: max_videos - len(chosen)]
-        depth += 1
-    return chosen
-
-
-def step_folder(run_dir: str | os.PathLike, name: str, step: int) -> Path:
-    """``<run_dir>/<name>/step_<step:06d>``."""
-    return Path(run_dir) / name / f"step_{step:06d}"
-
-
-def _write_own_videos(
-    ctx: NodeContext, batch: TensorDict, chosen: Sequence[Episode], folder: Path, fps: int
-) -> list[Path]:
-    """Write the chosen episodes this rank holds: frames ``[0, FINISH_STEP]`` of each."""
-    mine = [e for e in chosen if e.dp_rank == ctx.dp_rank and e.writer == ctx.rank]
-    paths = []
-    for e in mine:
-        frames = batch[K.FRAMES][e.index]
-        last = min(int(batch[K.FINISH_STEP][e.index]) + 1, frames.shape[0])
-        paths.append(
-            write_video(
-                folder / e.video_name,
-                frames[: max(last, 1)],
-                fps=fps,
-                caption=e.instruction,
-                outcome=e.outcome.upper(),
-            )
-        )
-    return paths
 
 
 def _log_metrics(ctx: NodeContext, batch: TensorDict, name: str) -> None:
@@ -250,8 +137,12 @@ def _percent(successes: int, episodes: int) -> str:
     return f"{100.0 * successes / episodes:.1f}%" if episodes else "n/a"
 
 
-def render_markdown(title: str, rows: Sequence[TaskRow]) -> str:
-    """The report as Markdown: title, overall success and the per-task table."""
+def _video_label(e: Episode) -> str:
+    return f"task {e.task}, init {e.init_state}: {e.outcome.upper()}"
+
+
+def render_markdown(title: str, rows: Sequence[TaskRow], videos: Sequence[Episode] = ()) -> str:
+    """The report as Markdown: title, overall success, the per-task table, video links."""
     successes, episodes = _overall(rows)
     lines = [
         f"# {title}",
@@ -267,6 +158,9 @@ def render_markdown(title: str, rows: Sequence[TaskRow]) -> str:
             f"| {r.task} | {instruction} | {r.episodes} | {r.successes} "
             f"| {_percent(r.successes, r.episodes)} | {_format_inits(r.failed_inits)} |"
         )
+    if videos:
+        lines += ["", "## Videos", ""]
+        lines += [f"- [{_video_label(e)}]({e.video_name}) (rank {e.writer})" for e in videos]
     return "\n".join(lines) + "\n"
 
 
@@ -298,7 +192,7 @@ def _html_table(rows: Sequence[TaskRow]) -> list[str]:
 
 def _html_videos(videos: Sequence[Episode]) -> list[str]:
     if not videos:
-        return ["<p>No videos (the batch carries no frames, or max_videos is 0).</p>"]
+        return ["<p>No videos (eval.max_videos is 0, or the DAG has no rollout.videos node).</p>"]
     out = ['<div class="videos">']
     for e in videos:
         src = html.escape(e.video_name, quote=True)
@@ -385,7 +279,7 @@ def write_report(
     """Rank 0's outputs: report.md, success_by_task.png, report.html, results.jsonl."""
     folder.mkdir(parents=True, exist_ok=True)
     title = f"{cfg.suite_name or cfg.name} evaluation, step {step}"
-    _write_text(folder / REPORT_MD, render_markdown(title, rows))
+    _write_text(folder / REPORT_MD, render_markdown(title, rows, videos))
     chart = plot_task_success(rows, folder / CHART_FILE, title)
     if cfg.write_html:
         html_text = render_html(title, rows, videos, None if chart is None else chart.name)
@@ -399,17 +293,15 @@ def write_report(
     config=EvalReportConfig,
 )
 def eval_report_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
-    """Log success metrics, write the chosen videos and (dp rank 0) the report; batch unchanged.
+    """Log success metrics and (dp rank 0) write the report; batch unchanged.
 
     Reads SUCCESS (B,) bool, TASK_ID (B,) int64, INIT_STATE_ID (B,) int64, PROMPT_TEXT (B
-    strings), FINISH_STEP (B,) int64 and, when present, FRAMES (B, T, H, W, 3) uint8.
+    strings), FINISH_STEP (B,) int64 and, when present, HAS_VIDEO (B,) bool.
     """
     cfg: EvalReportConfig = ctx.node_config
     episodes = gather_episodes(ctx, local_episodes(ctx, batch))
-    videos = select_videos(episodes, cfg.max_videos)
-    folder = step_folder(ctx.run_dir, cfg.name, ctx.step)
-    _write_own_videos(ctx, batch, videos, folder, cfg.fps)
     _log_metrics(ctx, batch, cfg.name)
     if ctx.dp_rank == 0 and ctx.tp_rank == 0:
-        write_report(folder, cfg, ctx.step, task_table(episodes), videos)
+        folder = step_folder(ctx.run_dir, cfg.name, ctx.step)
+        write_report(folder, cfg, ctx.step, task_table(episodes), written_videos(episodes))
     return batch

@@ -1,16 +1,19 @@
 """Fault injection for reliability tests and drills (chaos testing of a real run).
 
 Insert a ``fault.inject`` node anywhere in a DAG: it passes its batch through unchanged and,
-at the configured rank and step(s), kills its worker process, raises, hangs, or poisons one
+at the configured rank and step(s), kills its worker process, raises, hangs, poisons one
 field of its batch with NaN/inf (numerical faults: the train nodes must skip such updates and
-stop after too many in a row). Used by the tests that prove a dead worker stops the run with a
-clear message, that resume works, and that a NaN never reaches the weights.
+stop after too many in a row), or warns. Used by the tests that prove a dead worker stops the
+run with a clear message, that resume works, that a NaN never reaches the weights, and that a
+worker's warnings and errors reach the console.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -20,11 +23,17 @@ from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.runtime.context import NodeContext
 
-FAULT_MODES = ("exit", "raise", "hang", "poison")
+FAULT_MODES = ("exit", "raise", "hang", "poison", "warn")
+
+logger = logging.getLogger(__name__)
 
 
 class InjectedFault(RuntimeError):
     """The exception raised by ``fault.inject`` in ``raise`` mode."""
+
+
+class InjectedWarning(UserWarning):
+    """The warning issued by ``fault.inject`` in ``warn`` mode."""
 
 
 @dataclass
@@ -37,8 +46,9 @@ class FaultConfig:
         until_step: with ``step``, fail at every step ``step..until_step`` (inclusive).
         steps: more steps to fail at, e.g. ``[1, 3, 4, 5]``.
         mode: ``exit`` (the process dies, no cleanup), ``raise`` (:class:`InjectedFault`),
-            ``hang`` (sleep ``hang_s``) or ``poison`` (overwrite the float batch field ``key``
-            of this rank with ``value`` and carry on).
+            ``hang`` (sleep ``hang_s``), ``poison`` (overwrite the float batch field ``key``
+            of this rank with ``value`` and carry on) or ``warn`` (an
+            :class:`InjectedWarning` and a logged WARNING, then carry on).
         key: the batch key ``poison`` overwrites (e.g. ``advantages``, ``old_logprobs``).
         value: what ``poison`` writes: ``"nan"`` (default), ``"inf"``, ``"-inf"`` or a number
             (a string, because a config value may not be NaN itself).
@@ -88,6 +98,11 @@ def fault_node(ctx: NodeContext, batch: TensorDict | None) -> TensorDict | None:
         raise InjectedFault(f"injected fault at rank {cfg.rank}, step {ctx.step}")
     if cfg.mode == "poison":
         return poison(batch, cfg.key, cfg.value)
+    if cfg.mode == "warn":
+        where = f"rank {cfg.rank}, step {ctx.step}"
+        warnings.warn(f"injected warning at {where}", InjectedWarning, stacklevel=1)
+        logger.warning("injected log warning at %s", where)
+        return batch
     time.sleep(cfg.hang_s)
     return batch
 

@@ -18,12 +18,15 @@ from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.config_sections import NODE_FED_SECTIONS
 
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # ${a.b.c}; resolvers (${x:..}) excluded
+# ${oc.select:a.b.c,default} reads a key too (the default when the key is absent)
+_SELECT = re.compile(r"\$\{oc\.select:\s*([A-Za-z_][\w.]*)\s*[,}]")
 
 
 def _references(node: Any) -> Iterator[str]:
-    """Every ``${a.b}`` key path in an unresolved config container."""
+    """Every key path an unresolved config refers to: ``${a.b}`` and ``${oc.select:a.b,...}``."""
     if isinstance(node, str):
         yield from _REFERENCE.findall(node)
+        yield from _SELECT.findall(node)
     elif isinstance(node, Mapping):
         for value in node.values():
             yield from _references(value)

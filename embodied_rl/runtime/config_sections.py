@@ -125,6 +125,8 @@ class EvalConfig:
         at_end: run it once more after the last step.
         batch_size: (task, init state) pairs evaluated each time, over all workers.
         max_videos: videos written each time, over all workers.
+        video_size: side of the video frames in pixels (every env step is drawn at this
+            size for the videos; the policy's images keep theirs).
         suite_name: shown in the report's title (e.g. the LIBERO suite).
         split: init states evaluated: ``heldout`` (never trained on; the default), ``train``
             or ``all`` (see ``embodied_rl/data/tasks.py``).
@@ -136,6 +138,7 @@ class EvalConfig:
     at_end: bool = False
     batch_size: int = 8
     max_videos: int = 8
+    video_size: int = 256
     suite_name: str = ""
     split: str = "heldout"
     name: str = "eval"
@@ -143,6 +146,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_range("batch_size", self.batch_size, 0, low_open=True)
         check_fields(self, ("every", "max_videos"), 0)
+        check_range("video_size", self.video_size, 1, note=" (pixels)")
         if self.split not in SPLITS:
             raise ValueError(f"eval.split must be one of {SPLITS}, got {self.split!r}")
 

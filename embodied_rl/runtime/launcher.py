@@ -8,7 +8,9 @@ can check that).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +43,7 @@ from embodied_rl.runtime.run_folder import (
 )
 
 _KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult.records)
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours a task error's header, even in a log file
 
 
 class RunFailed(RuntimeError):
@@ -117,6 +120,8 @@ def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -
     jobs, i.e. run code. Its host is pinned to 127.0.0.1 as well, in case some Ray version
     starts its HTTP server anyway. A cluster joined through ``ray.address`` keeps the dashboard
     settings it was started with (``ray start --include-dashboard=false`` there).
+    Ray's INFO lines ("Started a local Ray instance.") stay off the embedded cluster's console;
+    joining a cluster prints one line, with its dashboard address.
     """
     ray_cfg = section(cfg, "ray")
     if ray_cfg.address:
@@ -129,6 +134,7 @@ def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -
         "include_dashboard": False,
         "dashboard_host": "127.0.0.1",
         "log_to_driver": True,
+        "logging_level": logging.WARNING,
     }
 
 
@@ -416,7 +422,8 @@ class _Monitor:
             place += f" (pid {where['pid']} on host {where.get('host')})"
         note = self._lost_node_note(rank) if died else ""
         return RunFailed(
-            f"worker rank {rank} {what} during {place}; the run was stopped.{note} Cause: {err}"
+            f"worker rank {rank} {what} during {place}; the run was stopped.{note} Cause: "
+            + _COLOUR.sub("", str(err))
         )
 
     def _lost_node_note(self, rank: int) -> str:

@@ -101,7 +101,7 @@ class OpenVLAPolicy(VLAPolicyBase):
                 self.vla.embed_tokens(token[:, None]),
                 mask,
                 positions,
-                cache=output.past_key_values,
+                cache=self.vla.kv_cache(output),
                 use_cache=True,
             )
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1).float()

@@ -23,6 +23,8 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix timm/tran
 
 # isort: split
 import abc
+import functools
+import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -139,14 +141,21 @@ class PrismaticVLA(nn.Module):
         cache: Any = None,
         use_cache: bool = False,
     ) -> Any:
-        """The Llama decoder (no LM head) on (N, L, D) embeddings; returns its output."""
-        return self.language_model.model(
+        """The Llama decoder (no LM head) on (N, L, D) embeddings; returns its output (its KV
+        cache: :meth:`kv_cache`)."""
+        decoder = self.language_model.model
+        return decoder(
             inputs_embeds=embeds,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=use_cache,
+            **{_cache_argument(type(decoder)): cache},
         )
+
+    @staticmethod
+    def kv_cache(output: Any) -> Any:
+        """The KV cache of a :meth:`decode` output made with ``use_cache=True``."""
+        return output["cache"] if "cache" in output else output["past_key_values"]
 
     def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits (..., 256) of the action ids from hidden states (..., D).
@@ -159,6 +168,13 @@ class PrismaticVLA(nn.Module):
         weight = head.weight[tok.first_id : tok.vocab_size].float()
         bias = None if head.bias is None else head.bias[tok.first_id : tok.vocab_size].float()
         return F.linear(hidden.float(), weight, bias)
+
+
+@functools.cache
+def _cache_argument(decoder_cls: type) -> str:
+    """``cache``, or ``past_key_values`` before transformers renamed it (5.24 warns on it)."""
+    names = inspect.signature(decoder_cls.forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
 
 
 def sample_action_index(

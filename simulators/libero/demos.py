@@ -39,7 +39,7 @@ from simulators.libero.goals import (
 )
 from simulators.libero.planner import PickPlacePlanner, PlannerConfig
 from simulators.libero.privileged import PrivilegedScene
-from simulators.libero.suites import CAMERAS, SUITE_MAX_STEPS, import_libero
+from simulators.libero.suites import CAMERAS, SUITE_MAX_STEPS, import_libero, make_suite
 
 SEED = 0  # env.seed before every reset, as the simulator's default
 
@@ -88,7 +88,7 @@ def suite_tasks(suite: str) -> list[TaskInfo]:
             f"unknown LIBERO suite {suite!r}",
             f"use one of {', '.join(sorted(SUITE_MAX_STEPS))} (installed: {len(suites)} suites)",
         )
-    benchmark = suites[suite]()
+    benchmark = make_suite(api, suite)
     root = api.get_libero_path("bddl_files")
     tasks = []
     for i in range(benchmark.n_tasks):

@@ -42,7 +42,9 @@ physics of a step), so images are drawn only when an observation is returned: on
 draw nothing) and once after a reset. Only the observed ``cameras`` are drawn, at
 ``image_size``, without reflections unless asked (robosuite has no option for them; they
 cost about as much as the rest of a frame). ``render()`` draws the agentview at
-``render_size`` for videos, or returns the observed image when the sizes match.
+``render_size`` (the SRPO encoder's frames), or returns the observed image when the sizes
+match; ``render(size)`` draws it at ``size`` (an evaluation's videos; at most
+``MAX_FRAME_SIZE``, 480).
 ``cameras=[]`` with ``render_size: 0`` creates no GL context at all.
 
 ``wrist_image`` is an extra field of this simulator's observations: the process pool
@@ -66,11 +68,12 @@ from simulators.base import (
     VectorEnv,
     check_action_chunk,
     check_actions,
+    check_env_ids,
     check_reset_ids,
     config_from_options,
     register_simulator,
 )
-from simulators.libero.render import TaskRenderer
+from simulators.libero.render import MAX_FRAME_SIZE, TaskRenderer
 from simulators.libero.scene import LiberoScene, ResetSnapshot
 from simulators.libero.suites import (
     ACTION_DIM,
@@ -80,6 +83,7 @@ from simulators.libero.suites import (
     SUITE_SIZES,
     flip_image,
     import_libero,
+    make_suite,
     proprio_from_obs,
 )
 
@@ -151,11 +155,12 @@ class LiberoConfig:
 
     def limits(self) -> dict[str, int]:
         """Tasks and init states per task of the suite (``Simulator.limits``): known for
-        LIBERO's own suites without importing LIBERO; empty for other suites."""
-        if self.suite not in SUITE_SIZES:
-            return {}
-        num_tasks, num_init_states = SUITE_SIZES[self.suite]
-        return {"num_tasks": num_tasks, "num_init_states": num_init_states}
+        LIBERO's own suites without importing LIBERO; only the frame size for others."""
+        limits = {"max_render_size": MAX_FRAME_SIZE}
+        if self.suite in SUITE_SIZES:
+            num_tasks, num_init_states = SUITE_SIZES[self.suite]
+            limits.update(num_tasks=num_tasks, num_init_states=num_init_states)
+        return limits
 
     @property
     def episode_steps(self) -> int:
@@ -216,7 +221,7 @@ class LiberoVectorEnv(VectorEnv):
                 f"unknown LIBERO suite {config.suite!r}; the installed benchmark has: "
                 f"{', '.join(sorted(suites))}"
             )
-        suite = suites[config.suite]()
+        suite = make_suite(self._api, config.suite)
         self._tasks = [suite.get_task(i) for i in range(suite.n_tasks)]
         self._init_states = [
             np.asarray(suite.get_task_init_states(i)) for i in range(suite.n_tasks)
@@ -303,18 +308,29 @@ class LiberoVectorEnv(VectorEnv):
             self._store(i, raw_obs)
         return StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
 
-    def render(self) -> np.ndarray:
-        """Return ``(N, render_size, render_size, 3)`` uint8 agentview frames, rotated."""
-        size = self.config.render_size
-        if not size:
-            raise RuntimeError("libero: render() needs render_size > 0")
+    def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
+        """Return ``(N, S, S, 3)`` uint8 agentview frames of the current states, rotated.
+
+        Args:
+            size: ``S``, at most ``MAX_FRAME_SIZE``; ``None`` = ``render_size``, which
+                returns the observed image when it equals ``image_size``.
+            envs: the envs to draw (``N`` = ``len(envs)``); ``None`` = all.
+        """
         if not self._was_reset:
             raise RuntimeError("libero: call reset() before render()")
-        if self._image is not None and size == self.config.image_size:
-            return self._image.copy()  # the observed frame is the requested one
+        ids = check_env_ids(self.num_envs, envs)
+        if size is None:
+            size = self.config.render_size
+            if not size:
+                raise RuntimeError("libero: render() needs render_size > 0 (or a size)")
+            if self._image is not None and size == self.config.image_size:
+                return self._image[ids]  # the observed frames are the requested ones (a copy)
+        check_range("libero render size", size, 1, MAX_FRAME_SIZE)
+        if self._assets[self._active[0].task].renderer is None:
+            raise RuntimeError("libero: cameras=[] and render_size 0 draw nothing; set render_size")
         frames = [
             built.scene.draw_current(self._assets[built.task].renderer, CAMERAS["agentview"], size)
-            for built in self._active
+            for built in (self._active[i] for i in ids)
         ]
         return np.stack([flip_image(frame) for frame in frames])
 

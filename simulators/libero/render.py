@@ -42,6 +42,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import mujoco  # noqa: E402
 
 MAX_SCENE_GEOMS = 1000  # robosuite's MjvScene size: more geoms would be dropped from a frame
+# LIBERO's models keep MuJoCo's default offscreen buffer, 640 x 480: square frames up to 480.
+MAX_FRAME_SIZE = 480
 
 
 class TaskRenderer:

@@ -19,10 +19,14 @@ Conventions (OpenVLA / OpenVLA-OFT evaluation on LIBERO; docs/ALGORITHMS.md, "LI
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
+import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -75,6 +79,7 @@ def import_libero() -> LiberoApi:
     """
     try:
         _avoid_first_import_prompt()
+        _drop_macro_file_notice()
         benchmark = importlib.import_module("libero.libero.benchmark")
         get_libero_path = importlib.import_module("libero.libero").get_libero_path
         envs = importlib.import_module("libero.libero.envs")
@@ -86,6 +91,49 @@ def import_libero() -> LiberoApi:
             "the official LIBERO package instead (not both: they share the import name)."
         ) from exc
     return LiberoApi(benchmark, get_libero_path, envs.OffScreenRenderEnv, wrappers.ControlEnv)
+
+
+# robosuite's import logs three WARNING lines when it finds no ``robosuite/macros_private.py``
+# (robosuite/__init__.py): advice to robosuite developers to copy its macro defaults, which are
+# what LIBERO runs with. Exactly these lines are dropped; any other robosuite warning shows.
+_MACRO_NOTICE = re.compile(
+    r"No private macro file found!|It is recommended to use a private macro file"
+    r"|To setup, run: python \S*setup_macros\.py"
+)
+
+
+def _not_macro_notice(record: logging.LogRecord) -> bool:
+    return _MACRO_NOTICE.fullmatch(record.getMessage()) is None
+
+
+def _drop_macro_file_notice() -> None:
+    """Filter robosuite's macro-file notice out of its logger, before robosuite is imported."""
+    robosuite_logger = logging.getLogger("robosuite_logs")  # robosuite.utils.log_utils
+    if _not_macro_notice not in robosuite_logger.filters:
+        robosuite_logger.addFilter(_not_macro_notice)
+
+
+# LIBERO prints its task order whenever a suite is made ("[info] using task orders [0, ...]";
+# LIBERO-PRO: "[info] Applying task order index 0 (permutation: ...) for benchmark ..."). The
+# simulator always uses order 0, the official one: the line says nothing.
+_TASK_ORDER_NOTICE = re.compile(
+    r"\[info\] (using task orders|Applying task order index|Using default task order) "
+)
+
+
+def make_suite(api: LiberoApi, name: str) -> Any:
+    """``get_benchmark_dict()[name]()`` without LIBERO's task-order line on stdout.
+
+    Every other line the benchmark prints (its ``[warning]``/``[error]`` lines) is printed.
+    """
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            return api.benchmark.get_benchmark_dict()[name]()
+    finally:
+        for line in printed.getvalue().splitlines():
+            if not _TASK_ORDER_NOTICE.match(line):
+                print(line)
 
 
 def _avoid_first_import_prompt() -> None:

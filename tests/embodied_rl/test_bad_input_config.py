@@ -32,6 +32,7 @@ from embodied_rl.runtime.config import (
     compose,
     validate_config,
 )
+from embodied_rl.runtime.config_keys import check_unused
 from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
 from tests.embodied_rl.bad_input_common import (
     CONFIG_NAMES,
@@ -45,6 +46,7 @@ from tests.embodied_rl.bad_input_common import (
     assert_user_error,
     shipped,
 )
+from tests.embodied_rl.synthetic_demos import input_overrides
 
 CONFIG_CLASSES = [NODE_TYPES.get(n).config_cls for n in TYPE_NAMES]
 OPTION_NAMES = {f.name for c in CONFIG_CLASSES if c is not None for f in dataclasses.fields(c)}
@@ -324,4 +326,16 @@ def test_keys_that_no_node_of_this_dag_uses_are_named_in_a_warning(caplog):
         validate_config(compose("grpo_libero"))
     assert [r.getMessage() for r in caplog.records] == [
         "config keys not used by this run's DAG(s): algorithm.dynamic_sampling, encoder, srpo"
+    ]
+
+
+def test_a_key_read_through_oc_select_is_used(caplog):
+    # dag/sft.yaml reads data.suite as ${oc.select:data.suite,null} (configs without it pass);
+    # sft_libero sets it, and it was named unused on every run.
+    with caplog.at_level("WARNING", logger="embodied_rl.runtime.config"):
+        validate_config(compose("sft_libero", list(input_overrides("sft_libero"))))
+    assert [r.getMessage() for r in caplog.records] == []
+    assert check_unused({"data": {"suite": "s"}, "x": "${oc.select:data.suite, null}"}) == []
+    assert check_unused({"data": {"suite": "s"}, "x": "${oc.select:data.suit,null}"}) == [
+        "data.suite"
     ]

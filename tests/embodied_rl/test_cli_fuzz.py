@@ -201,9 +201,9 @@ CASES = [
     pytest.param(
         "train --config-name srpo_reach data.batch_size=3", "not divisible", id="batch-odd"
     ),
-    pytest.param(  # three nodes refuse it: the validator's list of problems, one per line
+    pytest.param(  # four nodes refuse it: the validator's list of problems, one per line
         "train --config-name srpo_reach eval.batch_size=7",
-        "invalid DAG (3 problem(s))",
+        "invalid DAG (4 problem(s))",
         id="eval-batch-odd-several-problems",
     ),
     pytest.param(

@@ -1,7 +1,8 @@
-"""``eval.report``: per-task table, metrics, chosen videos, HTML/Markdown report, results.jsonl.
+"""``eval.report``: per-task table, metrics, the videos in the HTML/Markdown report, results.jsonl.
 
-The single-process tests run the node on a hand-built batch; the last test runs it on two
-gloo ranks (``torch.multiprocessing`` spawn) and checks that rank 0's table covers both.
+The single-process tests run the node on a hand-built batch (HAS_VIDEO marks the episodes
+``rollout.videos`` wrote, ``tests/rollout/test_eval_videos.py``); the last test runs it on two
+gloo ranks (``torch.multiprocessing`` spawn) and checks that rank 0's report covers both.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import socket
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,33 +22,28 @@ from PIL import Image
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from embodied_rl.data.layout import Layout
+from embodied_rl.eval_episodes import Episode, select_videos, written_videos
 from embodied_rl.metrics import reduce_records
-from embodied_rl.nodes.eval import (
-    Episode,
-    EvalReportConfig,
-    eval_report_node,
-    select_videos,
-)
+from embodied_rl.nodes.eval import EvalReportConfig, eval_report_node
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.context import MetricSink, NodeContext
-from embodied_rl.video import read_video
 
 BOWL, DRAWER, CUPS = "put the bowl on the plate", "open the drawer", "stack <the> cups | now"
-# (task, init state, success, finish step, instruction) per episode
+# (task, init state, success, finish step, instruction, has a video) per episode: the videos
+# select_videos would choose with max_videos=4 (round 0 one per task, round 1 task 3's failure)
 EPISODES = [
-    (3, 0, True, 2, BOWL),
-    (3, 0, False, 4, BOWL),
-    (3, 1, True, 3, BOWL),
-    (3, 0, True, 1, BOWL),  # same (task, init, outcome) as row 0: never a second video
-    (5, 2, False, 4, DRAWER),
-    (5, 3, False, 4, DRAWER),
-    (7, 0, True, 0, CUPS),
+    (3, 0, True, 2, BOWL, True),
+    (3, 0, False, 4, BOWL, True),
+    (3, 1, True, 3, BOWL, False),
+    (3, 0, True, 1, BOWL, False),
+    (5, 2, False, 4, DRAWER, True),
+    (5, 3, False, 4, DRAWER, False),
+    (7, 0, True, 0, CUPS, True),
 ]
-T, SIZE = 5, 16
 
 
-def _batch(rows=EPISODES, frames: bool = True, offset: int = 0):
-    """Batch of ``rows``; episode i's frame t is filled with (40 * (i + offset), 40 * t, 100)."""
+def _batch(rows=EPISODES, videos: bool = True):
+    """Batch of ``rows`` (HAS_VIDEO from their last field unless ``videos`` is False)."""
     fields = {
         K.TASK_ID: torch.tensor([r[0] for r in rows]),
         K.INIT_STATE_ID: torch.tensor([r[1] for r in rows]),
@@ -56,12 +51,8 @@ def _batch(rows=EPISODES, frames: bool = True, offset: int = 0):
         K.FINISH_STEP: torch.tensor([r[3] for r in rows]),
         K.PROMPT_TEXT: [r[4] for r in rows],
     }
-    if frames:
-        video = torch.zeros(len(rows), T, SIZE, SIZE, 3, dtype=torch.uint8)
-        video[..., 0] = (40 * (torch.arange(len(rows)) + offset))[:, None, None, None]
-        video[..., 1] = (40 * torch.arange(T))[None, :, None, None]
-        video[..., 2] = 100
-        fields[K.FRAMES] = video
+    if videos:
+        fields[K.HAS_VIDEO] = torch.tensor([r[5] for r in rows])
     return make_batch(fields)
 
 
@@ -89,9 +80,9 @@ def _jsonl(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    """One node call at step 4 with max_videos=4: (ctx, output batch, step folder)."""
+    """One node call at step 4: (ctx, output batch, step folder)."""
     run_dir = tmp_path_factory.mktemp("eval_run")
-    ctx = _ctx(run_dir, EvalReportConfig(max_videos=4, fps=5, suite_name="libero_goal"), step=4)
+    ctx = _ctx(run_dir, EvalReportConfig(suite_name="libero_goal"), step=4)
     batch = _batch()
     out = eval_report_node(ctx, batch)
     return ctx, batch, out, run_dir / "eval" / "step_000004"
@@ -100,14 +91,14 @@ def report(tmp_path_factory):
 def test_registered_with_its_reads_and_no_writes():
     node = NODE_TYPES.get("eval.report")
     assert node.fn is eval_report_node
-    cfg = node.build_config({"max_videos": 2, "name": "heldout"})
-    assert (cfg.max_videos, cfg.name, cfg.fps) == (2, "heldout", 10)
+    cfg = node.build_config({"name": "heldout"})
+    assert (cfg.name, cfg.write_html) == ("heldout", True)
     assert set(node.read_keys(cfg)) == {
         K.SUCCESS, K.TASK_ID, K.INIT_STATE_ID, K.PROMPT_TEXT, K.FINISH_STEP,
     }  # fmt: skip
     assert node.write_keys(cfg) == ()
-    with pytest.raises(ValueError, match="max_videos"):
-        EvalReportConfig(max_videos=-1)
+    with pytest.raises(Exception, match="max_videos"):  # rollout.videos chooses them now
+        node.build_config({"max_videos": 2})
     with pytest.raises(ValueError, match="folder name"):
         EvalReportConfig(name="a/b")
 
@@ -116,7 +107,7 @@ def test_batch_is_returned_unchanged(report):
     _, batch, out, _ = report
     assert out is batch
     assert set(out.keys()) == {
-        K.TASK_ID, K.INIT_STATE_ID, K.SUCCESS, K.FINISH_STEP, K.PROMPT_TEXT, K.FRAMES,
+        K.TASK_ID, K.INIT_STATE_ID, K.SUCCESS, K.FINISH_STEP, K.PROMPT_TEXT, K.HAS_VIDEO,
     }  # fmt: skip
 
 
@@ -137,26 +128,25 @@ def test_markdown_table_by_hand(report):
     assert "| 7 | stack <the> cups \\| now | 1 | 1 | 100.0% |  |" in text
 
 
-def test_videos_chosen_round_robin_with_their_own_frames(report):
+# The flagged videos in the order rollout.videos chose them: round 0 one per task, round 1
+# task 3's failure.
+VIDEOS = [
+    "task3_init0_success_r0.mp4",
+    "task5_init2_failure_r0.mp4",
+    "task7_init0_success_r0.mp4",
+    "task3_init0_failure_r0.mp4",
+]
+
+
+def test_flagged_videos_in_choice_order_linked_not_written(report):
     folder = report[3]
-    # task 3: success init 0, failure init 0, success init 1; task 5: two failures; task 7:
-    # one success. Round 0 takes one per task, round 1 task 3's failure: 4 videos.
-    expected = {  # name: (episode row, frames = finish step + 1)
-        "task3_init0_success_r0.mp4": (0, 3),
-        "task5_init2_failure_r0.mp4": (4, 5),
-        "task7_init0_success_r0.mp4": (6, 1),
-        "task3_init0_failure_r0.mp4": (1, 5),
-    }
-    assert sorted(p.name for p in folder.glob("*.mp4")) == sorted(expected)
-    for name, (row, length) in expected.items():
-        video = read_video(folder / name)
-        assert video.shape[0] == length, name
-        centre = video[:, video.shape[1] // 2, video.shape[2] // 2].astype(int)
-        assert np.allclose(centre[:, 0], 40 * row, atol=10), name  # the episode's own frames
-        assert np.allclose(centre[:, 1], 40 * np.arange(length), atol=10), name
+    assert not list(folder.glob("*.mp4"))  # rollout.videos writes them, not the report
+    markdown = (folder / "report.md").read_text()
+    assert re.findall(r"\]\(([^)]+)\) \(rank 0\)", markdown) == VIDEOS
+    assert "- [task 5, init 2: FAILURE](task5_init2_failure_r0.mp4) (rank 0)" in markdown
 
 
-def test_html_has_table_rows_and_videos_that_exist(report):
+def test_html_has_table_rows_and_the_videos_inline(report):
     folder = report[3]
     page = (folder / "report.html").read_text()
     assert "<title>libero_goal evaluation, step 4</title>" in page
@@ -166,9 +156,7 @@ def test_html_has_table_rows_and_videos_that_exist(report):
         "put the bowl on the plate", "4", "3", "75.0%", "0",
     ]  # fmt: skip
     assert "stack &lt;the&gt; cups | now" in page and "<the>" not in page
-    sources = re.findall(r'<video controls[^>]* src="([^"]+)"', page)
-    assert len(sources) == 4 and len(set(sources)) == 4
-    assert all((folder / src).is_file() for src in sources)
+    assert re.findall(r'<video controls[^>]* src="([^"]+)"', page) == VIDEOS
     assert page.count("<figcaption>") == 4 and ">FAILURE</b>" in page
     assert '<img src="success_by_task.png"' in page
 
@@ -188,7 +176,7 @@ def test_chart_and_results_jsonl(report):
 
 
 def test_results_jsonl_appends_steps_and_drops_stale_lines_on_rerun(tmp_path):
-    cfg = EvalReportConfig(max_videos=0, write_html=False, name="heldout")
+    cfg = EvalReportConfig(write_html=False, name="heldout")
     rows = EPISODES[:2]
     for step in (0, 1, 2, 1):  # the last call re-runs step 1 (a resume): step 1, 2 dropped
         eval_report_node(_ctx(tmp_path, cfg, step=step), _batch(rows))
@@ -199,46 +187,49 @@ def test_results_jsonl_appends_steps_and_drops_stale_lines_on_rerun(tmp_path):
     ]
     step_dir = tmp_path / "heldout" / "step_000001"
     assert not (step_dir / "report.html").exists()  # write_html: false
-    assert (step_dir / "report.md").is_file() and not list(step_dir.glob("*.mp4"))
+    assert (step_dir / "report.md").is_file()
 
 
-def test_without_frames_no_videos_but_the_full_table(tmp_path):
-    ctx = _ctx(tmp_path, EvalReportConfig(max_videos=8))
-    eval_report_node(ctx, _batch(frames=False))
+def test_without_videos_the_full_table(tmp_path):
+    ctx = _ctx(tmp_path, EvalReportConfig())
+    eval_report_node(ctx, _batch(videos=False))
     folder = tmp_path / "eval" / "step_000000"
-    assert not list(folder.glob("*.mp4"))
     page = (folder / "report.html").read_text()
     assert "<video" not in page and "No videos" in page
-    assert (
-        "| 3 | put the bowl on the plate | 4 | 3 | 75.0% | 0 |"
-        in (folder / "report.md").read_text()
-    )
+    markdown = (folder / "report.md").read_text()
+    assert "| 3 | put the bowl on the plate | 4 | 3 | 75.0% | 0 |" in markdown
+    assert ".mp4" not in markdown
 
 
 def test_select_videos_order_dedup_and_limits():
-    def ep(task, init, success, index, frames=True):
-        return Episode(task, init, success, "x", 0, index, 0, frames)
+    def ep(task, init, success, index, video=False):
+        return Episode(task, init, success, "x", 0, index, 0, video)
 
     episodes = [
-        ep(1, 0, False, 0),
+        ep(1, 0, False, 0, video=True),
         ep(1, 1, False, 1),
         ep(1, 0, False, 2),  # duplicate key of index 0
-        ep(1, 2, True, 3),
-        ep(0, 0, True, 4, frames=False),  # no frames: never chosen
-        ep(0, 1, True, 5),
+        ep(1, 2, True, 3, video=True),
+        ep(0, 0, True, 4),
+        ep(0, 1, True, 5, video=True),
     ]
     chosen = select_videos(episodes, 8)
     # task 0 first (task order); task 1 alternates success, failure, then the rest.
-    assert [e.index for e in chosen] == [5, 3, 0, 1]
-    assert [e.index for e in select_videos(episodes, 3)] == [5, 3, 0]
+    assert [e.index for e in chosen] == [4, 3, 5, 0, 1]
+    assert [e.index for e in select_videos(episodes, 3)] == [4, 3, 5]
     assert select_videos(episodes, 0) == []
+    assert [e.index for e in written_videos(episodes)] == [5, 3, 0]  # flagged, in that order
 
 
 # --- two gloo ranks -----------------------------------------------------------------------
 WORLD = 2
 SHARDS = {
-    0: [(3, 0, False, 2, BOWL), (3, 1, False, 3, BOWL), (5, 0, True, 1, DRAWER)],
-    1: [(3, 2, True, 4, BOWL), (9, 0, False, 2, CUPS), (9, 1, True, 0, CUPS)],
+    0: [
+        (3, 0, False, 2, BOWL, False),
+        (3, 1, False, 3, BOWL, False),
+        (5, 0, True, 1, DRAWER, True),
+    ],
+    1: [(3, 2, True, 4, BOWL, True), (9, 0, False, 2, CUPS, False), (9, 1, True, 0, CUPS, True)],
 }
 
 
@@ -252,9 +243,10 @@ def _run_rank(rank: int, port: int, run_dir: str) -> None:
         timeout=timedelta(seconds=60),
     )
     try:
-        cfg = EvalReportConfig(max_videos=3, fps=5)
-        ctx = _ctx(run_dir, cfg, step=2, rank=rank, world=WORLD, group=dist.group.WORLD)
-        eval_report_node(ctx, _batch(SHARDS[rank], offset=3 * rank))
+        ctx = _ctx(
+            run_dir, EvalReportConfig(), step=2, rank=rank, world=WORLD, group=dist.group.WORLD
+        )
+        eval_report_node(ctx, _batch(SHARDS[rank]))
         torch.save(ctx.metrics.pop(), Path(run_dir) / f"metrics{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -266,7 +258,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_table_covers_both_and_videos_split(tmp_path):
+def test_two_ranks_table_and_videos_cover_both(tmp_path):
     mp.spawn(_run_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     folder = tmp_path / "eval" / "step_000002"
     md = (folder / "report.md").read_text()
@@ -274,18 +266,15 @@ def test_two_ranks_table_covers_both_and_videos_split(tmp_path):
     assert "| 3 | put the bowl on the plate | 3 | 1 | 33.3% | 0, 1 |" in md  # both ranks
     assert "| 5 | open the drawer | 1 | 1 | 100.0% |  |" in md  # rank 0 only
     assert "| 9 | stack <the> cups \\| now | 2 | 1 | 50.0% | 0 |" in md  # rank 1 only
-    # round 0: task 3's success (rank 1), task 5's success (rank 0), task 9's success (rank 1)
+    # The flagged videos of both ranks, in task order: named by the rank that wrote them.
     names = [
         "task3_init2_success_r1.mp4",
         "task5_init0_success_r0.mp4",
         "task9_init1_success_r1.mp4",
     ]
-    assert sorted(p.name for p in folder.glob("*.mp4")) == sorted(names)
     page = (folder / "report.html").read_text()
     assert re.findall(r'<video controls[^>]* src="([^"]+)"', page) == names
-    video = read_video(folder / names[0])
-    red = int(video[0, video.shape[1] // 2, video.shape[2] // 2, 0])
-    assert abs(red - 40 * 3) <= 10  # rank 1's row 0 (frames offset by 3 rows on rank 1)
+    assert re.findall(r"\]\(([^)]+)\)", md) == names
     lines = _jsonl(tmp_path / "eval" / "results.jsonl")
     assert [(r["task"], r["episodes"], r["successes"]) for r in lines] == [
         (3, 3, 1),

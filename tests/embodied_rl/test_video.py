@@ -1,4 +1,5 @@
-"""Episode MP4s: round trip through H.264, caption band, outcome colour, atomic writes."""
+"""Episode MP4s: round trip through H.264, caption band, outcome colour, per-frame labels,
+frame-by-frame writing, atomic writes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 
 from embodied_rl.video import (
     BACKGROUND,
+    OUTCOME_COLORS,
+    VideoWriter,
     auto_scale,
     compose_frames,
     default_font,
@@ -134,3 +137,43 @@ def test_wrap_text_fits_width_and_keeps_words():
         CAPTION + "supercalifragilisticexpialidocious"
     ).replace(" ", "")
     assert wrap_text("", font, 100) == [""]
+
+
+def test_writer_streams_labels_and_shows_the_outcome_on_the_last_second(tmp_path):
+    frames = _frames(t=9)
+    labels = [f"step {t}" for t in range(9)]
+    with VideoWriter(tmp_path / "s.mp4", 3, CAPTION, "FAILURE", labels=True) as video:
+        for frame, label in zip(frames, labels):
+            video.append(frame, label)
+    assert video.frames == 9 and sorted(p.name for p in tmp_path.iterdir()) == ["s.mp4"]
+    written = read_video(tmp_path / "s.mp4").astype(int)
+    expected = compose_frames(frames, CAPTION, "FAILURE", outcome_frames=3, labels=labels)
+    assert written.shape == expected.shape  # frame by frame = all at once
+    assert np.abs(written - expected).mean() < 3.0
+    band = expected[:, _layout(frames, CAPTION, "FAILURE").bottom :].astype(int)
+    assert all(not np.array_equal(band[t], band[t + 1]) for t in range(5))  # the label changes
+    text = band[:6].max(axis=-1) > 180  # white label text on the dark band ...
+    assert text.any(axis=(1, 2)).all() and text.mean() < 0.2
+    dark = np.abs(band[:6] - np.array(BACKGROUND)).max(axis=-1) <= 20
+    assert dark.mean() > 0.7
+    red = np.abs(band[6:] - np.array(OUTCOME_COLORS["FAILURE"])).max(axis=-1) <= 20
+    assert red.mean() > 0.7  # ... and red on the last second (fps 3)
+    assert not np.array_equal(band[6], band[7])  # still labelled there
+
+
+def test_writer_abort_leaves_nothing_and_bad_inputs_are_refused(tmp_path):
+    video = VideoWriter(tmp_path / "a.mp4", fps=2)
+    video.append(_frames(t=1)[0])
+    video.abort()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="one size"):
+        with VideoWriter(tmp_path / "b.mp4") as mixed:
+            mixed.append(np.zeros((16, 16, 3), np.uint8))
+            mixed.append(np.zeros((32, 32, 3), np.uint8))
+    assert list(tmp_path.iterdir()) == []  # the exception removed the partial file
+    with pytest.raises(ValueError, match="at least one frame"):
+        VideoWriter(tmp_path / "c.mp4").close()
+    with pytest.raises(ValueError, match="fps must be >= 1"):
+        VideoWriter(tmp_path / "d.mp4", fps=0)
+    with pytest.raises(ValueError, match="one text per frame"):
+        compose_frames(_frames(t=2), labels=["step 0"])

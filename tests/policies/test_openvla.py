@@ -6,6 +6,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix transform
 
 # isort: split
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from policies.normalization import Normalizer
 from policies.openvla import OpenVLAPolicy, build_openvla, save_checkpoint
 from policies.openvla.loading import from_published_name, load_weights, to_published_name
 from policies.openvla.vision import center_crop_resize, images_to_float
-from policies.openvla.vla import PROMPT
+from policies.openvla.vla import PROMPT, PrismaticVLA, _cache_argument
 
 CPU = torch.device("cpu")
 INSTRUCTIONS = ["Pick up the black bowl and place it on the plate", "open the drawer"]
@@ -95,6 +96,26 @@ def test_act_shapes_and_action_ids(policy: OpenVLAPolicy) -> None:
         policy.act(images(3, 0), INSTRUCTIONS + [""], None, temperature=1.0, do_sample=False)
     )
     assert torch.equal(greedy[0].tokens, greedy[1].tokens)
+
+
+def test_act_passes_the_kv_cache_under_the_current_argument_name(policy: OpenVLAPolicy) -> None:
+    """Decoding with the KV cache raises no deprecation warning of the installed transformers
+    (``past_key_values`` gave a FutureWarning in every worker's console)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy.act(images(2, 0), INSTRUCTIONS, None, temperature=1.0, do_sample=False)
+    deprecations = (FutureWarning, DeprecationWarning)
+    assert [str(w.message) for w in caught if issubclass(w.category, deprecations)] == []
+
+
+def test_kv_cache_argument_of_older_transformers() -> None:
+    """Before the rename the decoder takes and returns ``past_key_values``."""
+
+    class OldDecoder:
+        def forward(self, inputs_embeds=None, past_key_values=None, use_cache=None): ...
+
+    assert _cache_argument(OldDecoder) == "past_key_values"
+    assert PrismaticVLA.kv_cache({"last_hidden_state": 0, "past_key_values": "kv"}) == "kv"
 
 
 def test_evaluate_reproduces_act_logprobs(policy: OpenVLAPolicy) -> None:

@@ -21,7 +21,7 @@ from embodied_rl.registry import SIMULATORS
 from embodied_rl.runtime.memory import worker_process_env
 from simulators.checker import check_vector_env
 from simulators.libero import LiberoConfig, LiberoObs, LiberoVectorEnv
-from simulators.libero.suites import NOOP_ACTION, quat_to_axis_angle
+from simulators.libero.suites import NOOP_ACTION, LiberoApi, make_suite, quat_to_axis_angle
 from tests.simulators.libero_common import INIT, MOVES, OPTIONS, SIZE, TASK, requires_libero
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,45 @@ def test_building_without_libero_names_the_install_command(monkeypatch):
         SIMULATORS.get("libero")({"suite": "libero_goal"}, 1)
 
 
+def test_make_suite_drops_only_the_task_order_line(capsys):
+    class Suite:
+        def __init__(self) -> None:
+            print("[info] Applying task order index 0 (permutation: [0, 1]) for benchmark 'x'")
+            print("[info] using task orders [0, 1]")  # the official LIBERO's line
+            print("[warning] something the user should see")
+
+    api = LiberoApi(
+        type("Benchmark", (), {"get_benchmark_dict": lambda: {"x": Suite}}), *[None] * 3
+    )
+    assert isinstance(make_suite(api, "x"), Suite)
+    assert capsys.readouterr().out == "[warning] something the user should see\n"
+
+
 # --- with LIBERO ----------------------------------------------------------------------------
+
+# Building an env in a fresh process: robosuite's import (its macro-file notice) and making the
+# suite (LIBERO's task-order line) print nothing; a robosuite warning of another kind shows.
+_QUIET_BUILD = """
+import logging, sys
+sys.path.insert(0, {root!r})
+from embodied_rl.registry import SIMULATORS
+import simulators
+SIMULATORS.get("libero")({options!r}, 1).close()
+logging.getLogger("robosuite_logs").warning("a robosuite warning of another kind")
+"""
+
+
+@pytest.mark.libero
+@requires_libero
+def test_building_an_env_prints_no_library_notices():
+    script = _QUIET_BUILD.format(root=str(ROOT), options=OPTIONS)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == ""
+    assert "macro" not in out.stderr and "a robosuite warning of another kind" in out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
 
 
 @pytest.mark.libero
@@ -257,7 +295,32 @@ def test_success_ends_the_episode_and_max_steps_limits_it(env):
 @pytest.mark.libero
 @requires_libero
 def test_vector_env_contract(env):
-    check_vector_env(env, full_episode=False)
+    check_vector_env(env, full_episode=False)  # render() at 96 px and render(104) included
+
+
+def test_video_frames_are_limited_to_the_offscreen_buffer():
+    """Known without LIBERO (config validation asks): LIBERO's models draw at most 480 px."""
+    limits = SIMULATORS.get("libero").limits({"suite": "libero_goal"})
+    assert limits == {"max_render_size": 480, "num_tasks": 10, "num_init_states": 50}
+    assert SIMULATORS.get("libero").limits({"suite": "x", "max_steps": 9}) == {
+        "max_render_size": 480
+    }
+
+
+@pytest.mark.libero
+@requires_libero
+def test_render_at_a_video_size_draws_the_current_agentview(env):
+    env.reset([TASK], [INIT])
+    env.step(MOVES[:1])
+    big = env.render(192)
+    assert big.shape == (1, 192, 192, 3)
+    # The same view as render_size's 96 px (flipped alike): near it, 2 x 2 blocks averaged.
+    pooled = big.reshape(1, 96, 2, 96, 2, 3).mean(axis=(2, 4))
+    assert np.abs(pooled - env.render()).mean() < 12
+    # An explicit size draws, also the observation's size (the state now, not the observed).
+    assert env.render(SIZE).shape == (1, SIZE, SIZE, 3)
+    with pytest.raises(ValueError, match=r"libero render size must be in \[1, 480\]"):
+        env.render(481)
 
 
 @pytest.mark.libero

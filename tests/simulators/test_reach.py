@@ -217,3 +217,25 @@ def test_steps_per_second_state_only_and_with_images():
         "reach steps/s, 8 envs in one process: "
         + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
     )
+
+
+def test_render_at_another_size_leaves_the_observations_alone():
+    """render(size) draws at any size, larger than the model's offscreen buffer (the 16 px
+    of its observations) too; the observations stay those of an env that never did."""
+    options = {"image_size": 16, "render_size": 16}
+    actions = np.array([[1.0, -0.5], [-0.3, 0.8]], np.float32)
+    with build_reach(options, 2) as env, build_reach(options, 2) as plain:
+        env.reset([0, 1], [3, 4])
+        plain.reset([0, 1], [3, 4])
+        big = env.render(64)
+        assert big.shape == (2, 64, 64, 3) and big.dtype == np.uint8
+        # The same scene: the 64 px frame averaged over 4 x 4 blocks is near the 16 px one.
+        pooled = big.reshape(2, 16, 4, 16, 4, 3).mean(axis=(2, 4))
+        assert np.abs(pooled - env.render()).mean() < 10
+        for _ in range(3):
+            mine, theirs = env.step(actions), plain.step(actions)
+            np.testing.assert_array_equal(mine.obs.image, theirs.obs.image)
+            np.testing.assert_array_equal(env.render(), plain.render())
+        assert not np.array_equal(env.render(64), big)  # it draws the current state
+        with pytest.raises(ValueError, match="reach render size must be >= 1"):
+            env.render(0)

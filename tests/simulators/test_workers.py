@@ -114,6 +114,9 @@ def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
         _assert_same(_episode(env, steps=30), expected)
         assert env.task_descriptions == reference.task_descriptions
         np.testing.assert_array_equal(env.render(), reference.render())
+        video = env.render(40)  # another size than render_shape: over the pipes
+        assert video.shape == (4, 40, 40, 3)
+        np.testing.assert_array_equal(video, reference.render(40))
         assert env.fault_counts()["restarts"] == 0
 
         with caplog.at_level(logging.WARNING, logger="simulators.workers"):

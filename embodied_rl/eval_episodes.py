@@ -1,0 +1,123 @@
+"""Evaluated episodes: the metadata ranks exchange, which get a video, where outputs go.
+
+What ``eval.report`` (``embodied_rl/nodes/eval.py``) and ``rollout.videos``
+(``rollout/videos.py``) share: an :class:`Episode` per evaluated episode (no frames), gathered
+over the data-parallel group so that every rank sees all of them; :func:`select_videos`, the
+choice of the episodes to show (the same on every rank); the output folder of a step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tensordict import TensorDict
+
+from embodied_rl import keys as K
+from embodied_rl.data.batch import batch_len, strings
+from embodied_rl.runtime.context import NodeContext
+
+
+def check_folder_name(name: str) -> None:
+    """``name`` (an evaluation's metric prefix and folder) must be a plain folder name."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"name must be a plain folder name like 'eval', got {name!r}")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Metadata of one evaluated episode (what the ranks exchange; no frames).
+
+    Attributes:
+        task / init_state: the LIBERO-style task id and init state id.
+        success: the episode succeeded.
+        instruction: the language instruction (PROMPT_TEXT).
+        dp_rank / index: the dp shard holding it and its row in that shard's batch.
+        writer: global rank that writes its video (tp rank 0 of the shard).
+        video: its video was written (HAS_VIDEO).
+    """
+
+    task: int
+    init_state: int
+    success: bool
+    instruction: str
+    dp_rank: int
+    index: int
+    writer: int
+    video: bool = False
+
+    @property
+    def outcome(self) -> str:
+        return "success" if self.success else "failure"
+
+    @property
+    def video_name(self) -> str:
+        return f"task{self.task}_init{self.init_state}_{self.outcome}_r{self.writer}.mp4"
+
+
+def local_episodes(ctx: NodeContext, batch: TensorDict) -> list[Episode]:
+    """This rank's episodes, in batch order."""
+    n = batch_len(batch)
+    if n == 0:
+        return []
+    writer = ctx.layout.shard_ranks(ctx.dp_rank)[0]
+    videos = batch[K.HAS_VIDEO].tolist() if K.HAS_VIDEO in batch.keys() else [False] * n
+    texts = strings(batch, K.PROMPT_TEXT)
+    columns = zip(
+        batch[K.TASK_ID].tolist(), batch[K.INIT_STATE_ID].tolist(), batch[K.SUCCESS].tolist()
+    )
+    return [
+        Episode(int(t), int(s), bool(ok), str(texts[i]), ctx.dp_rank, i, writer, bool(videos[i]))
+        for i, (t, s, ok) in enumerate(columns)
+    ]
+
+
+def gather_episodes(ctx: NodeContext, local: list[Episode]) -> list[Episode]:
+    """Every dp rank's episodes, concatenated in dp-rank order (a collective on the group)."""
+    if ctx.dp_group is None or ctx.dp_size == 1:
+        return list(local)
+    parts = ctx.gather_over_dp([asdict(e) for e in local])
+    return [Episode(**record) for part in parts for record in part]
+
+
+def select_videos(episodes: Sequence[Episode], max_videos: int) -> list[Episode]:
+    """Episodes to record, the same on every rank given the same gathered list.
+
+    Per task, the candidates alternate success, failure, success, ... in gathered order,
+    keeping the first episode of each (init state, outcome). Tasks then take turns (in task
+    order) until ``max_videos`` are chosen, so every task gets a video before any gets two.
+    """
+    per_task: dict[int, tuple[list[Episode], list[Episode]]] = {}
+    seen: set[tuple[int, int, bool]] = set()
+    for e in episodes:
+        key = (e.task, e.init_state, e.success)
+        if key in seen:
+            continue
+        seen.add(key)
+        successes, failures = per_task.setdefault(e.task, ([], []))
+        (successes if e.success else failures).append(e)
+    queues = []
+    for task in sorted(per_task):
+        successes, failures = per_task[task]
+        mixed = [e for pair in zip(successes, failures) for e in pair]
+        longer = successes if len(successes) > len(failures) else failures
+        queues.append(mixed + longer[min(len(successes), len(failures)) :])
+    chosen: list[Episode] = []
+    depth = 0
+    while len(chosen) < max_videos and any(depth < len(q) for q in queues):
+        chosen += [q[depth] for q in queues if depth < len(q)][: max_videos - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def step_folder(run_dir: str | os.PathLike, name: str, step: int) -> Path:
+    """``<run_dir>/<name>/step_<step:06d>``."""
+    return Path(run_dir) / name / f"step_{step:06d}"
+
+
+def written_videos(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes with a video, in the order :func:`select_videos` chose them."""
+    with_video = [e for e in episodes if e.video]
+    return select_videos(with_video, len(with_video))

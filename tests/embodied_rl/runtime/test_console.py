@@ -1,0 +1,128 @@
+"""What ``embodied-rl train`` prints: our step lines and results, and real warnings and errors.
+
+Issue 24, item 5: the console of a run showed Ray's start-up line and its coloured
+``(DAGWorker pid=...)`` prefix on every worker line, robosuite's macro-file notice, LIBERO-PRO's
+task-order line and a transformers FutureWarning (once per worker), and a config warning about
+a key the shipped config sets. Each run here is a real CLI process on the reach task; the
+LIBERO/OpenVLA sources are checked where they arise (tests/simulators/test_libero.py,
+tests/policies/test_openvla.py) and in one LIBERO run below.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from embodied_rl.runtime.config import CONFIG_DIR
+from tests.simulators.libero_common import requires_libero
+
+pytestmark = pytest.mark.ray
+
+TINY = [  # srpo_reach, 2 steps of 1 worker
+    "workers.num_workers=1",
+    "trainer.total_steps=2",
+    "trainer.checkpoint_every=100",
+    "eval.every=0",
+    "eval.at_end=false",
+    "data.batch_size=2",
+    "rollout.group_size=4",
+    "rollout.num_envs=4",
+    "ray.poll_interval_s=0.2",
+]
+# Every line a clean run may print (with --no-progress or without a terminal).
+OUR_LINES = re.compile(r"step \d+/\d+  .*|run finished: .*|final metrics: .*")
+
+
+def _train(config: str, *overrides: str, config_dir: Path | None = None) -> tuple[int, str, str]:
+    """``embodied-rl train --no-progress`` in its own process: (exit code, stdout, stderr)."""
+    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
+    command += ["--config-name", config, *overrides]
+    if config_dir is not None:
+        command += ["--config-dir", str(config_dir)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _assert_only_our_lines(stdout: str, stderr: str, steps: int) -> None:
+    lines = (stdout + stderr).splitlines()
+    assert "\x1b" not in stdout + stderr, lines  # no colour codes
+    assert [line for line in lines if not OUR_LINES.fullmatch(line)] == []
+    assert [line.split()[1] for line in lines if line.startswith("step ")] == [
+        f"{k}/{steps}" for k in range(1, steps + 1)
+    ]
+
+
+def test_a_run_prints_only_its_step_lines_and_results(tmp_path):
+    code, out, err = _train("srpo_reach", *TINY, f"run_dir={tmp_path / 'run'}")
+    assert code == 0, err
+    _assert_only_our_lines(out, err, steps=2)
+    assert out.splitlines()[-2] == f"run finished: {tmp_path / 'run'}"
+
+
+def _config_dir_with_faults(tmp_path: Path, faults: list[dict]) -> Path:
+    """A copy of configs/ whose ``dag/srpo_faults.yaml`` is the SRPO DAG with ``faults``
+    (``fault.inject`` configs, rank 0) between ``advantage`` and ``train``."""
+    config_dir = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, config_dir)
+    dag = yaml.safe_load((CONFIG_DIR / "dag" / "srpo.yaml").read_text())
+    train = dag["nodes"].pop()
+    assert (train["id"], train["deps"]) == ("train", ["advantage"])
+    for i, fault in enumerate(faults):
+        deps = [dag["nodes"][-1]["id"]]
+        dag["nodes"].append(
+            {"id": f"fault{i}", "type": "fault.inject", "deps": deps, "config": fault}
+        )
+    dag["nodes"].append({**train, "deps": [dag["nodes"][-1]["id"]]})
+    (config_dir / "dag" / "srpo_faults.yaml").write_text(yaml.safe_dump(dag))
+    return config_dir
+
+
+def test_warnings_and_a_worker_error_still_reach_the_console(tmp_path):
+    """A warning of the driver (an unused config key, once), a worker's ``warnings.warn`` and
+    logged WARNING, and a worker's exception with its traceback are all printed."""
+    faults = [{"step": 0, "mode": "warn"}, {"step": 1, "mode": "raise"}]
+    config_dir = _config_dir_with_faults(tmp_path, faults)
+    overrides = [
+        *TINY,
+        "dag=srpo_faults",
+        "+algorithm.micro_batch_size=4",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    code, out, err = _train("srpo_reach", *overrides, config_dir=config_dir)
+
+    assert code == 1, err
+    assert [line.split()[:2] for line in out.splitlines()] == [["step", "1/2"]]
+    assert err.count("config keys not used by this run's DAG(s): algorithm.micro_batch_size") == 1
+    assert "InjectedWarning: injected warning at rank 0, step 0" in err
+    assert "injected log warning at rank 0, step 0" in err
+    error = err[err.index("error: ") :]
+    assert error.startswith("error: worker rank 0 failed during node 'fault1' at step 1")
+    assert 'embodied_rl/nodes/fault.py", line' in error and "in fault_node" in error  # traceback
+    assert error.rstrip().endswith("InjectedFault: injected fault at rank 0, step 1")
+    assert "\x1b" not in out + err and "pid=" not in err[: err.index("error: ")]
+
+
+@pytest.mark.libero
+@requires_libero
+def test_a_libero_run_prints_only_its_step_lines_and_results(tmp_path):
+    """The OpenVLA policy on LIBERO: no robosuite, LIBERO or transformers notices."""
+    overrides = [
+        "trainer.total_steps=1",
+        "eval.at_end=false",
+        "data.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.num_envs=2",
+        "simulator.options.max_steps=8",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    code, out, err = _train("srpo_libero", *overrides)
+    assert code == 0, err
+    _assert_only_our_lines(out, err, steps=1)
