@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,6 +18,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights or dat
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mujoco imports
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_module_folders_after_passing_modules(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Removes the folders a module's ``tmp_path_factory`` fixtures made once its tests pass.
+
+    ``tmp_path_retention_policy = "failed"`` (pyproject.toml) removes a passing test's
+    ``tmp_path`` only; module-scoped run folders (several hundred MB of checkpoints each) would
+    otherwise stay until the session ends, and a full run writes about 20 GB. A module with a
+    failure keeps everything it wrote, to be looked at.
+    """
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        return
+    for path in set(base.iterdir()) - before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
