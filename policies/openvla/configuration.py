@@ -24,7 +24,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-PRESETS = ("tiny",)
+PRESETS = ("tiny", "tiny_libero")
 
 # Qwen2.5 tokenizer (tiny presets): 151646 ids. The tiny LM has 152000 output rows, of which
 # the last 64 are padding (as OpenVLA's 32064 = 32000 + 64): action ids are
@@ -96,6 +96,14 @@ TINY_ARCHITECTURE = VLAArchitecture(
     image_sizes=(32, 32),
     text_config=_TINY_TEXT_CONFIG,
 )
+# The tiny architecture reading prompts with the LIBERO word tokenizer
+# (policies/openvla/libero_words.py, 91 ids): 91 + 256 action ids + 64 padding rows. 0.4 M
+# parameters instead of 19.8 M, the same vision towers and LM body.
+TINY_LIBERO_ARCHITECTURE = VLAArchitecture(
+    timm_model_ids=TINY_ARCHITECTURE.timm_model_ids,
+    image_sizes=TINY_ARCHITECTURE.image_sizes,
+    text_config={**_TINY_TEXT_CONFIG, "vocab_size": 91 + N_ACTION_BINS + 64, "pad_token_id": 0},
+)
 
 
 @dataclass
@@ -104,7 +112,9 @@ class VLAOptions:
 
     Attributes:
         preset: ``"tiny"``: random-init tiny model (two 3-block ViTs at 32 px, a 2-layer
-            64-wide Llama, the Qwen2.5 tokenizer for the prompt text). ``None`` with ``path``.
+            64-wide Llama, the Qwen2.5 tokenizer for the prompt text); ``"tiny_libero"``: the
+            same with the LIBERO word tokenizer (0.4 M parameters, a checkpoint of about
+            2 MB, for LIBERO on a CPU). ``None`` with ``path``.
         path: local checkpoint directory in the published HF layout (``config.json``,
             ``*.safetensors``, tokenizer files, optional ``dataset_statistics.json``); loaded
             with ``local_files_only``. Mutually exclusive with ``preset``.

@@ -45,9 +45,11 @@ from policies.openvla.action_tokenizer import ActionTokenizer
 from policies.openvla.configuration import (
     ACTION_DIM,
     TINY_ARCHITECTURE,
+    TINY_LIBERO_ARCHITECTURE,
     VLAArchitecture,
     VLAOptions,
 )
+from policies.openvla.libero_words import build_libero_word_tokenizer
 from policies.openvla.loading import load_weights, read_checkpoint, save_checkpoint
 from policies.openvla.steps import StepInputs
 from policies.openvla.vision import (
@@ -475,6 +477,13 @@ def make_value_head(hidden_size: int, seed: int) -> nn.Linear:
     return head
 
 
+# Preset name -> (architecture, its prompt tokenizer); keys are configuration.PRESETS.
+PRESET_BUILDS = {
+    "tiny": (TINY_ARCHITECTURE, build_qwen2_tokenizer),
+    "tiny_libero": (TINY_LIBERO_ARCHITECTURE, build_libero_word_tokenizer),
+}
+
+
 def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.device) -> Any:
     """Build ``cls(vla, tokenizer, options, norm_stats)`` from a preset or a checkpoint.
 
@@ -483,10 +492,11 @@ def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.de
     init of 7B parameters) and their tensors assigned.
     """
     if options.preset is not None:
-        tokenizer = _tokenizer(options.tokenizer_path) or build_qwen2_tokenizer()
+        architecture, build_tokenizer = PRESET_BUILDS[options.preset]
+        tokenizer = _tokenizer(options.tokenizer_path) or build_tokenizer()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(options.seed)
-            policy = cls(PrismaticVLA(TINY_ARCHITECTURE), tokenizer, options, None)
+            policy = cls(PrismaticVLA(architecture), tokenizer, options, None)
     else:
         checkpoint = read_checkpoint(options.path)
         tokenizer = _tokenizer(options.tokenizer_path) or load_tokenizer(checkpoint.folder)
