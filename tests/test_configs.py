@@ -105,6 +105,9 @@ def test_eval_split_and_name_reach_the_evaluation_dag():
     assert train["videos"]["name"] == "eval_train"  # the videos go into the report's folder
     with pytest.raises(Exception, match="eval.split must be one of"):
         validate_config(compose("srpo_reach", ["eval.split=heldin"]))
+    # The evaluation before step 1 and the one after it would be averaged in one metrics row.
+    with pytest.raises(Exception, match="eval.at_start=true with eval.every=1"):
+        validate_config(compose("srpo_reach", ["eval.at_start=true", "eval.every=1"]))
 
 
 def test_eval_videos_replay_the_rollouts_env_at_eval_video_size():

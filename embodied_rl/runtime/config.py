@@ -257,10 +257,11 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     dags = []
     if plain.get("eval_dag") is not None:
         dags.append(dag_from_config(plain, workers.num_workers, key="eval_dag"))
-    elif evaluation.every > 0 or evaluation.at_end:
+    elif evaluation.every > 0 or evaluation.at_end or evaluation.at_start:
         raise ConfigError(
-            "eval.every/eval.at_end are set but there is no eval_dag",
-            "add 'eval_dag: env' to the defaults, or set eval.every=0 eval.at_end=false",
+            "eval.every/eval.at_end/eval.at_start are set but there is no eval_dag",
+            "add 'eval_dag: env' to the defaults, or set eval.every=0 eval.at_end=false "
+            "eval.at_start=false",
         )
     dags.append(dag_from_config(plain, workers.num_workers))
     for dag in dags:

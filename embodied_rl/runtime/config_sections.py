@@ -123,6 +123,8 @@ class EvalConfig:
     Attributes:
         every: run it after every ``every`` training steps (0: never during training).
         at_end: run it once more after the last step.
+        at_start: run it once before the first step (not when resuming): the starting
+            policy's numbers, in the metrics row of step 0 and the report ``step_000000``.
         batch_size: (task, init state) pairs evaluated each time, over all workers.
         max_videos: videos written each time, over all workers.
         video_size: side of the video frames in pixels (every env step is drawn at this
@@ -136,6 +138,7 @@ class EvalConfig:
 
     every: int = 0
     at_end: bool = False
+    at_start: bool = False
     batch_size: int = 8
     max_videos: int = 8
     video_size: int = 256
@@ -149,6 +152,12 @@ class EvalConfig:
         check_range("video_size", self.video_size, 1, note=" (pixels)")
         if self.split not in SPLITS:
             raise ValueError(f"eval.split must be one of {SPLITS}, got {self.split!r}")
+        if self.at_start and self.every == 1:
+            # Both evaluations would be logged in the metrics row of step 0 and averaged.
+            raise ValueError(
+                "eval.at_start=true with eval.every=1: the evaluation before the first step and "
+                "the one after it would share the metrics row of step 0; set eval.every=0 or >= 2"
+            )
 
 
 SECTIONS = {

@@ -140,7 +140,9 @@ class DAGWorker:
             for name, dag in self.dags.items()
         }  # fmt: skip
         needed = {"train"} if self.mode == "train" else {"eval"}
-        if self.mode == "train" and (self.eval_cfg.every > 0 or self.eval_cfg.at_end):
+        if self.mode == "train" and (
+            self.eval_cfg.every > 0 or self.eval_cfg.at_end or self.eval_cfg.at_start
+        ):
             needed.add("eval")
         for name in needed & set(self.executors):
             self.executors[name].setup_nodes()
@@ -207,6 +209,8 @@ class DAGWorker:
         total, every = self.trainer.total_steps, self.trainer.checkpoint_every
         self._run_started = time.perf_counter()
         completed, preempted = self.start_step, False
+        if self.eval_cfg.at_start and self.start_step == 0 and "eval" in self.executors:
+            self._walk("eval", 0)  # logged with step 0's metrics (eval.every != 1)
         for step in range(self.start_step, total):
             started = time.perf_counter()
             self._walk("train", step)

@@ -22,6 +22,7 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
         "rollout.num_envs=8",
         "eval.every=0",
         "eval.at_end=true",
+        "eval.at_start=true",
         "eval.batch_size=4",
         "eval.max_videos=2",
         f"run_dir={tmp_path}",
@@ -34,6 +35,11 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
         assert 0.0 <= m["rollout/success_rate"] <= 1.0
         assert m["srpo/success_rate"] == pytest.approx(m["rollout/success_rate"])
     assert "eval/success_rate" in lines[-1]  # evaluated after the last step
+    # ... and before the first (eval.at_start): the starting policy, in step 0's row.
+    assert "eval/success_rate" in lines[0]
+    results = (result.run_dir / "eval" / "results.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in results] == [0, 2]
+    assert (result.run_dir / "eval" / "step_000000" / "report.html").exists()
     assert (result.run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
     videos = sorted((result.run_dir / "eval" / "step_000002").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
