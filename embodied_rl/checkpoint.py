@@ -374,6 +374,10 @@ def load_rank_shard(
     return _resolve_references(load_shard(rank), load_shard)
 
 
+class CorruptCheckpointError(ValueError):
+    """A shard read for loading differs from the manifest (missing, size or sha256)."""
+
+
 def load_entry(ckpt_dir: str | Path, key: str, *, rank: int = 0) -> Any:
     """``state[key]`` of one rank's shard of a sealed checkpoint, whatever its world size.
 
@@ -402,7 +406,7 @@ def _load_verified_shard(
     # Each rank re-checks only the shards it reads, so the check is spread over the ranks.
     problem = _file_problem(ckpt_dir / name, manifest["files"][name], checksum=True)
     if problem:
-        raise ValueError(f"checkpoint {ckpt_dir} is corrupt: {problem}")
+        raise CorruptCheckpointError(f"checkpoint {ckpt_dir} is corrupt: {problem}")
     return torch.load(ckpt_dir / name, map_location=map_location, weights_only=True)
 
 

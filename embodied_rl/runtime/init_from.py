@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
 from embodied_rl.registry import model_builder
+from embodied_rl.runtime.config_compose import REPO_ROOT
 
 RUN_CONFIG = "config.yaml"
 # Simulator options that fix what a policy's inputs look like: a checkpoint trained on 64 px
@@ -84,10 +85,19 @@ def _checkpoint_of(path: Path, where: str) -> tuple[Path, Path]:
     return path, latest
 
 
+def _located(init_from: str) -> Path:
+    """``init_from`` as an absolute path: a relative one is looked up from the working
+    directory, then from the repository root (``assets/checkpoints/...`` works anywhere)."""
+    path = Path(init_from).expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        path = REPO_ROOT / path
+    return path.resolve()
+
+
 def resolve_init_source(init_from: str, name: str) -> InitSource:
     """The run, checkpoint and model entry ``models.<name>.init_from`` refers to."""
     where = f"models.{name}.init_from"
-    run_dir, ckpt = _checkpoint_of(Path(init_from).expanduser().resolve(), where)
+    run_dir, ckpt = _checkpoint_of(_located(init_from), where)
     config_file = run_dir / RUN_CONFIG
     if not config_file.is_file():
         raise InitFromError(
@@ -159,6 +169,13 @@ def check_init_from(
         _check(name, policy, options, init_from, observation_options(simulator))
     except InitFromError:
         raise
+    except checkpoint.CorruptCheckpointError as err:
+        raise InitFromError(
+            f"models.{name}.init_from: {err}; it is not loaded",
+            "restore the checkpoint's files (one shipped under assets/: git checkout -- "
+            "assets/checkpoints), re-create it with the command recorded beside it, or point "
+            "init_from at another checkpoint",
+        ) from None
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:  # unreadable files
         raise InitFromError(
             f"models.{name}.init_from: cannot read {init_from!r} ({type(err).__name__}: {err})",

@@ -203,6 +203,19 @@ def test_a_checkpoint_without_statistics_is_refused(mlp_run, tmp_path):
     assert "has no action normalisation statistics" in message and "sft DAG" in message
 
 
+def test_a_checkpoint_whose_checksum_does_not_match_is_refused_not_loaded(mlp_run, tmp_path):
+    """One flipped byte (same size: only the sha256 can tell) in a copy of the SFT run."""
+    copy = tmp_path / "edited"
+    shutil.copytree(mlp_run.run_dir, copy, ignore=shutil.ignore_patterns("eval*", "tensorboard"))
+    shard = checkpoint.latest_checkpoint(copy / "checkpoints") / checkpoint.shard_name(0)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    message = _refusal(_rl("srpo_libero", copy))
+    assert f"{shard.name} does not match its sha256 in the manifest; it is not loaded" in message
+    assert "git checkout -- assets/checkpoints" in message
+
+
 @pytest.mark.libero
 @pytest.mark.skipif(importlib.util.find_spec("libero") is None, reason="LIBERO is not installed")
 def test_sft_libero_evaluates_then_grpo_starts_from_it(tmp_path, demos):
