@@ -227,8 +227,11 @@ def _check_model_names(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
                 )
 
 
-def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
+def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") -> DagSpec:
     """Everything that can be checked before Ray starts; returns the validated DAG.
+
+    ``mode="eval"`` (``embodied-rl eval``) checks the input files of the evaluation DAG only:
+    the training DAG does not run, so e.g. an SFT run's demonstrations may be gone.
 
     Raises:
         ConfigError: a key of the run config, named in the message with the fix.
@@ -266,7 +269,8 @@ def validate_config(cfg: DictConfig | Mapping[str, Any]) -> DagSpec:
     dags.append(dag_from_config(plain, workers.num_workers))
     for dag in dags:
         _check_model_names(dag, models)
-    check_inputs(dags)  # data files, demo folders, id ranges: before anything is written
+    # data files, demo folders, id ranges: before anything is written
+    check_inputs(dags[:-1] if mode == "eval" else dags)
     unused = check_unused(OmegaConf.to_container(cfg, resolve=False))
     if unused:
         logger.warning("config keys not used by this run's DAG(s): %s", ", ".join(unused))

@@ -233,7 +233,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
     The run folder is checked first (``run_folder.py``: one config per folder, ``resume``,
     ``overwrite``); a refused command has written nothing.
     """
-    validate_config(cfg)
+    validate_config(cfg, mode)
     workers_cfg = section(cfg, "workers")
     run_dir = resolve_run_dir(cfg, mode)
     if mode == "eval":
