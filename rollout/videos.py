@@ -134,9 +134,16 @@ class _Recording:
         self.steps = 0  # env steps replayed
         self.ended = False
         self.problem: str | None = None  # why the replay is not the recorded episode
+        self.write_error: OSError | None = None  # why the file could not be written
 
     def add(self, frame: np.ndarray) -> None:
-        self.video.append(frame, f"step {self.steps}")
+        if self.write_error is not None:
+            return
+        try:
+            self.video.append(frame, f"step {self.steps}")
+        except OSError as err:  # disk full, no memory to start the encoder, ...
+            self.write_error = err
+            self.video.abort()
 
     def check_state(self, state: np.ndarray, t: int) -> None:
         """``state``: the replay's before policy step ``t``."""
@@ -153,12 +160,24 @@ class _Recording:
             self.problem = self.problem or f"its outcome differs (success={bool(success)})"
 
     def close(self) -> int:
-        """Write the video (frames written), or drop it if the replay diverged (0)."""
-        if self.problem is None:
-            self.video.close()
-            return self.video.frames
-        self.video.abort()
+        """Write the video (frames written), or drop it if the replay diverged or the file
+        could not be written (0): a video is never worth stopping a training run for."""
         e = self.replay.episode
+        if self.problem is None and self.write_error is None:
+            try:
+                self.video.close()
+                return self.video.frames
+            except OSError as err:
+                self.write_error = err
+        self.video.abort()
+        if self.write_error is not None:
+            logger.warning(
+                "rollout.videos: the video of task %d, init state %d (%s) could not be "
+                "written (%s: %s); the evaluation goes on without it",
+                e.task, e.init_state, e.outcome, type(self.write_error).__name__,
+                self.write_error,
+            )  # fmt: skip
+            return 0
         logger.warning(
             "rollout.videos: the replay of task %d, init state %d (%s) is not the evaluated "
             "episode: %s; its video is not written (is the simulator deterministic?)",

@@ -222,6 +222,19 @@ def test_a_replay_that_diverges_writes_no_video_and_warns(tmp_path, caplog):
     assert _video_name(2, False) not in page and len(re.findall(r"<video ", page)) == 3
 
 
+def test_a_video_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, caplog):
+    """An OSError of the encoder or the file system (here: a folder where the video goes)
+    costs that video only, never the evaluation or the training run."""
+    folder = tmp_path / "eval" / "step_000000"
+    (folder / _video_name(2, False)).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="rollout.videos"):
+        _, out, _ = _evaluate(tmp_path)
+    assert out[K.HAS_VIDEO].tolist() == [True, True, False, True]
+    assert "task 0, init state 0 (failure) could not be written (IsADirectoryError" in caplog.text
+    assert not list(folder.glob(".*partial*"))  # no partial file left
+    assert len(re.findall(r"<video ", (folder / "report.html").read_text())) == 3
+
+
 def test_report_shows_each_video_inline_and_links_it(evaluation):
     _, _, _, folder = evaluation
     page = (folder / "report.html").read_text()
