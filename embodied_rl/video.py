@@ -36,6 +36,12 @@ from embodied_rl.checks import check_range
 BACKGROUND = (24, 24, 24)  # caption/outcome band background
 TEXT_COLOR = (255, 255, 255)
 OUTCOME_COLORS = {"SUCCESS": (0, 170, 0), "FAILURE": (200, 0, 0)}
+# imageio-ffmpeg starts its encoder with preexec_fn=os.setpgrp, which rules out vfork: the
+# fork then needs commit charge for the whole parent, and a LIBERO worker with 16 rendering
+# envs maps more virtual memory than the machine has RAM, so the fork fails with ENOMEM
+# (Linux's default heuristic overcommit). This variable drops the preexec_fn (the process-
+# group change only kept a terminal's Ctrl-C from the encoder; our workers stop it anyway).
+os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
 MACRO_BLOCK = 16
 TARGET_SIDE = 256  # auto scale: the largest integer factor keeping the long side <= this
 _PAD = 4  # pixels of margin around text
