@@ -17,6 +17,7 @@ import torch
 from embodied_rl.checks import check_range
 from policies.normalization import GRIPPER_CONVENTIONS
 from policies.openvla.action_tokenizer import N_ACTION_BINS
+from policies.openvla.libero_words import libero_vocabulary
 
 ACTION_DIM = 7  # x, y, z, roll, pitch, yaw, gripper
 DTYPES: dict[str, torch.dtype] = {
@@ -97,12 +98,13 @@ TINY_ARCHITECTURE = VLAArchitecture(
     text_config=_TINY_TEXT_CONFIG,
 )
 # The tiny architecture reading prompts with the LIBERO word tokenizer
-# (policies/openvla/libero_words.py, 91 ids): 91 + 256 action ids + 64 padding rows. 0.4 M
-# parameters instead of 19.8 M, the same vision towers and LM body.
+# (policies/openvla/libero_words.py, 91 ids): the word ids, 256 action ids, 64 padding rows.
+# 0.4 M parameters instead of 19.8 M, the same vision towers and LM body.
+_LIBERO_ROWS = len(libero_vocabulary()) + N_ACTION_BINS + 64
 TINY_LIBERO_ARCHITECTURE = VLAArchitecture(
     timm_model_ids=TINY_ARCHITECTURE.timm_model_ids,
     image_sizes=TINY_ARCHITECTURE.image_sizes,
-    text_config={**_TINY_TEXT_CONFIG, "vocab_size": 91 + N_ACTION_BINS + 64, "pad_token_id": 0},
+    text_config={**_TINY_TEXT_CONFIG, "vocab_size": _LIBERO_ROWS, "pad_token_id": 0},
 )
 
 
@@ -113,8 +115,8 @@ class VLAOptions:
     Attributes:
         preset: ``"tiny"``: random-init tiny model (two 3-block ViTs at 32 px, a 2-layer
             64-wide Llama, the Qwen2.5 tokenizer for the prompt text); ``"tiny_libero"``: the
-            same with the LIBERO word tokenizer (0.4 M parameters, a checkpoint of about
-            2 MB, for LIBERO on a CPU). ``None`` with ``path``.
+            same with the LIBERO word tokenizer (0.4 M parameters, 1.6 MB of weights, for
+            LIBERO on a CPU). ``None`` with ``path``.
         path: local checkpoint directory in the published HF layout (``config.json``,
             ``*.safetensors``, tokenizer files, optional ``dataset_statistics.json``); loaded
             with ``local_files_only``. Mutually exclusive with ``preset``.

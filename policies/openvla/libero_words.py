@@ -3,8 +3,8 @@
 The ``tiny`` preset reads prompts with the Qwen2.5 tokenizer: 151646 ids, so 19.5 M of its
 19.8 M parameters are embedding and LM-head rows, and a checkpoint is 80 MB of weights that no
 LIBERO prompt ever touches. Every word of the 130 LIBERO tasks (spatial, object, goal, 10, 90)
-plus OpenVLA's prompt template fits in about 100 ids, which makes a whole trained VLA about 1 MB:
-small enough to ship under ``assets/``. Words outside the list map to ``[UNK]`` (instructions
+plus OpenVLA's prompt template fits in 91 ids, which makes a whole trained VLA 1.6 MB of
+weights: small enough to ship under ``assets/``. Words outside the list map to ``[UNK]`` (instructions
 of other benchmarks still run; they just cannot be told apart by their unknown words).
 
 The list is fixed in code rather than read from the LIBERO package at run time so that token
