@@ -110,8 +110,10 @@ def check_unused(unresolved: Mapping[Any, Any]) -> list[str]:
             siblings = unresolved.get(name) if parent == name else None
             candidates = sorted((options | set(map(str, siblings or ()))) - {leaf})
             close = difflib.get_close_matches(leaf, candidates, n=1)
-            hint = f" (did you mean {parent}.{close[0]}?)" if close and parent else ""
-            hint = hint or _missing_pass_hint(unknown, options)
+            # A parent that a node option passes on whole explains the key better than a
+            # near-miss name: the key only looks unknown because that reference is gone.
+            hint = _missing_pass_hint(unknown, options)
+            hint = hint or (f" (did you mean {parent}.{close[0]}?)" if close and parent else "")
             raise ConfigError(
                 f"unknown config key {unknown}: no node type has an option {leaf!r} and no "
                 f"node's config refers to {unknown}{hint}",

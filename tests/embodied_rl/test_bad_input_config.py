@@ -230,6 +230,39 @@ def test_a_deleted_key_is_either_optional_or_named_in_the_error(name, data):
         assert named or all(issue.node is not None for issue in outcome.issues), str(outcome)
 
 
+def _section_references(tree: Any) -> list[tuple]:
+    """Paths of keys whose value passes a whole section on (``${simulator.options}``)."""
+    return [
+        path
+        for path, value in _walk(tree)
+        if path
+        and isinstance(value, str)
+        and value.startswith("${")
+        and isinstance(_resolves_to(tree, value[2:-1]), dict)
+    ]
+
+
+def _resolves_to(tree: Any, dotted: str) -> Any:
+    try:
+        return _get(tree, tuple(dotted.split(".")))
+    except (KeyError, TypeError):
+        return None
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_deleted_section_reference_is_named_in_the_error(name):
+    """Deleting ``simulator_options: ${simulator.options}`` leaves the section's keys
+    unreferenced; the error must name the deleted option, not a near-miss spelling of one of
+    those keys (CI's hypothesis run once drew rollout.reach.simulator_options and got
+    'did you mean simulator.options.video_size?')."""
+    for path in _section_references(shipped(name)):
+        tree = copy.deepcopy(shipped(name))
+        del _get(tree, path[:-1])[path[-1]]
+        outcome = validate_or_error(tree)
+        if isinstance(outcome, ConfigError):
+            assert str(path[-1]) in str(outcome), (_dotted(path), str(outcome))
+
+
 OVERRIDE_VALUES = st.sampled_from(["abc", "-1", "0", "null", "[1,2]", "{a: 1}", "1.5", "${x}"])
 
 
