@@ -6,12 +6,14 @@ Examples:
     embodied-rl plan --config-name grpo_llm
     embodied-rl eval --config-name srpo_reach run_dir=outputs/srpo_reach/<run>
     embodied-rl demos --suite libero_object --tasks 0 1 --init-states 0 --out demos/libero_object
+    embodied-rl export outputs/srpo_reach/<run> --out exported/srpo_reach
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -54,7 +56,38 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("train", "eval"):
             cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_demos_parser(sub)
+    _add_export_parser(sub)
     return parser
+
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    text = (
+        "write a run's policy in the Hugging Face layout (config.json, model.safetensors, "
+        "normalisation statistics, tokenizer) with a model card, loadable without the run"
+    )
+    cmd = sub.add_parser("export", help=text, description=text)
+    cmd.add_argument("run", help="the run folder (outputs/<config>/<run>)")
+    cmd.add_argument("--out", required=True, help="the export folder (new or empty)")
+    cmd.add_argument(
+        "--step", type=int, default=None, help="the checkpoint's step (default: the newest)"
+    )
+    cmd.add_argument(
+        "--critic", action="store_true", help="also export models.critic into <out>/critic"
+    )
+    cmd.add_argument("--force", action="store_true", help="replace --out when it is not empty")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    """``embodied-rl export``: print what was written and how it loads."""
+    from embodied_rl.export import export_run
+
+    result = export_run(args.run, args.out, step=args.step, critic=args.critic, force=args.force)
+    for model in result.models:
+        print(f"exported {model.role} (models.{model.model}, {model.policy}) to {model.folder}")
+    print(
+        f"checkpoint: {result.checkpoint} (step {result.step}); model card: {result.out}/README.md"
+    )
+    return 0
 
 
 def _ids(text: str) -> int | None:
@@ -135,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demos":
             return _run_demos(args)
+        if args.command == "export":
+            return _run_export(args)
         cfg = compose(args.config_name, args.overrides, args.config_dir)
         if args.command == "validate":
             dag = validate_config(cfg)
@@ -160,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.config_name} has no eval_dag", "add 'eval_dag: env' to its defaults"
             )
         try:  # launch validates the config first (once: its warnings print once)
-            result = launch(cfg, show_progress=not args.no_progress, mode=mode)
+            command = shlex.join(["embodied-rl", *(sys.argv[1:] if argv is None else argv)])
+            result = launch(cfg, show_progress=not args.no_progress, mode=mode, command=command)
         except RunFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return err.exit_code  # 130 after Ctrl-C, 143 after SIGTERM (as a shell reports)
@@ -172,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "/" in k and not k.startswith("time/")
         }
         print("final metrics: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        for name, record in sorted(result.trackers.items()):
+            print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(record.items())))
         return 0
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

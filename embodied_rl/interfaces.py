@@ -115,6 +115,22 @@ class PolicyBuilder(Protocol):
     def __call__(self, options: Mapping[str, Any], device: torch.device) -> Any: ...
 
 
+@dataclass
+class Exported:
+    """What an exporter (``registry.EXPORTERS``) wrote for ``embodied-rl export``, and how
+    the folder loads again without the run that trained it.
+
+    Attributes:
+        options: the policy options with which its registry builder loads the folder (its
+            ``path`` option set to it), or ``None`` when the builder cannot load a folder.
+        python: Python code that loads the folder with the policy's own ``from_pretrained``
+            (or the library's), or ``None``.
+    """
+
+    options: dict[str, Any] | None
+    python: str | None = None
+
+
 @runtime_checkable
 class LanguagePolicy(Protocol):
     """A causal LM usable by ``rollout.llm`` and ``actor.train``."""

@@ -84,24 +84,60 @@ def summary_items(
     return {k: f"{metrics[k]:.4g}" for k in chosen[:limit]}
 
 
+def _parse_record(line: str | bytes, path: Path, number: int) -> dict[str, Any] | None:
+    """One JSONL line as a record with an int ``step``; ``None`` for anything else."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        logger.warning("%s: line %d is not valid JSON; ignoring it", path, number)
+        return None
+    if isinstance(record, dict) and isinstance(record.get("step"), int):
+        return record
+    return None
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``; lines that do not parse (a torn write) are skipped."""
-    records = []
     path = Path(path)
     if not path.is_file():
-        return records
+        return []
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                logger.warning("%s: line %d is not valid JSON; ignoring it", path, number)
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
+        parsed = (_parse_record(line, path, number) for number, line in enumerate(f, start=1))
+        return [record for record in parsed if record is not None]
+
+
+class MetricsTail:
+    """The records appended to a ``metrics.jsonl`` since the last :meth:`read`.
+
+    Follows a file that only grows (rank 0's :class:`RunLogger` rewrites it only when it opens
+    it): each read starts where the last one ended and takes complete lines only, so a line
+    still being written is read next time, whole.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._lines = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        """The new records, in file order (``[]`` while the file does not exist)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        records = []
+        for line in data[:end].splitlines():
+            self._lines += 1
+            record = _parse_record(line, self.path, self._lines)
+            if record is not None:
                 records.append(record)
-    return records
+        return records
 
 
 def _drop_steps_from(path: Path, start_step: int) -> int:

@@ -70,6 +70,10 @@ TEXT_ENVS = Registry("text environment")
 # ``simulators``): ``embodied-rl <name>`` parses the arguments and calls the registered
 # function with them as keywords.
 COMMANDS = Registry("command")
+# Writers of ``embodied-rl export`` (``embodied_rl/export.py``), by policy name: ``fn(policy,
+# options, folder) -> interfaces.Exported`` writes the built policy in its Hugging Face layout
+# and says how it loads again.
+EXPORTERS = Registry("exporter")
 
 _loaded: set[str] = set()
 

@@ -2,8 +2,9 @@
 # Install embodied_rl into ./.venv (repo root): system rendering libraries, CPU-or-CUDA torch
 # pinned to one version, then the package in editable mode with the chosen extras.
 #
-#   bash scripts/install.sh                          # extras: dev,libero
-#   EMBODIED_RL_EXTRAS=dev bash scripts/install.sh   # without LIBERO (saves ~1.6 GB)
+#   bash scripts/install.sh                          # extras: dev,libero,wandb,mlflow
+#   EMBODIED_RL_EXTRAS=dev bash scripts/install.sh   # without LIBERO (saves ~1.6 GB) and
+#                                                    # the trackers (~160 MB)
 #   EMBODIED_RL_SKIP_APT=1 bash scripts/install.sh   # do not touch system packages
 #
 # Safe to re-run: every phase checks first, and the pip phases are skipped in well under a
@@ -26,7 +27,7 @@ die() {
 }
 
 # --- extras -----------------------------------------------------------------------------
-EXTRAS="${EMBODIED_RL_EXTRAS-dev,libero}"
+EXTRAS="${EMBODIED_RL_EXTRAS-dev,libero,wandb,mlflow}"
 EXTRAS="${EXTRAS// /}"
 case ",$EXTRAS," in
 *,vllm,*)

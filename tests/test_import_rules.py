@@ -266,3 +266,54 @@ def test_ensure_torchvision_ops_is_idempotent():
 
     assert _compat._library is library
     assert len(torch._C._jit_get_schemas_for_operator("torchvision::nms")) == schemas
+
+
+def import_closure(root: Path, start: list[str]) -> set[str]:
+    """Every module of the four packages that importing ``start`` may import, found by
+    following every import statement (in function bodies too, so it over-approximates), plus
+    the outside modules they name (``wandb``, ``torch``, ...).
+
+    ``from a import b`` counts ``a`` and, where it is a module, ``a.b``; a module also
+    imports its parent packages.
+    """
+    files = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                name, is_package = _module_name(root, path)
+                files[name] = (path, is_package)
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        if module not in files:
+            continue
+        path, is_package = files[module]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = next(t for _, _, t in _imports(ast.Module([node], []), module, is_package))
+                todo += [base] + [
+                    f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files
+                ]
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+    return seen
+
+
+def test_workers_never_import_the_trackers():
+    """Only the driver talks to W&B and MLflow (embodied_rl/trackers/): nothing a DAG worker
+    imports (its module, the core's nodes and tasks, the plugin packages) reaches a tracker,
+    the launcher or the tracker packages. (timm, which the policies import, imports the
+    ``wandb`` module when it is installed, for its own optional logging; it starts no run.)"""
+    start = ["embodied_rl.runtime.worker", "embodied_rl.nodes", "embodied_rl.tasks", *PACKAGES]
+    reached = import_closure(ROOT, start)
+    assert "embodied_rl.runtime.worker" in reached and "policies.mlp.modeling" in reached
+    forbidden = {"wandb", "mlflow", "embodied_rl.runtime.launcher", "embodied_rl.cli"}
+    forbidden |= {m for m in reached if m.startswith("embodied_rl.trackers.")}
+    assert not sorted(forbidden & reached)

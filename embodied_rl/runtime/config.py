@@ -56,6 +56,7 @@ from embodied_rl.runtime.config_sections import (
 )
 from embodied_rl.runtime.init_from import InitFromError, check_init_from
 from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
+from embodied_rl.trackers import check_loggers
 
 __all__ = [
     "CONFIG_DIR",
@@ -251,8 +252,8 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
                 f"restore it (drop ~{name}; configs/runtime/default.yaml holds the defaults)",
             )
     workers = section(plain, "workers")
-    for name in ("trainer", "ray"):
-        section(plain, name)
+    check_loggers(section(plain, "trainer").loggers)
+    section(plain, "ray")
     evaluation = section(plain, "eval")
     load_all_plugins(plain)
     models = _check_models(plain.get("models"))

@@ -8,7 +8,7 @@ builds one from the composed config with unknown keys and wrong types as ConfigE
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig
@@ -49,6 +49,45 @@ class WorkersConfig:
         check_range("num_workers", self.num_workers, high=MAX_WORKERS)
 
 
+WANDB_MODES = ("offline", "online")
+
+
+@dataclass
+class WandbConfig:
+    """``trainer.wandb``: the Weights & Biases run (with ``wandb`` in ``trainer.loggers``).
+
+    Attributes:
+        project: the W&B project.
+        entity: the W&B team or user (``null``: the account's default; online mode only).
+        mode: ``offline`` writes the run under ``<dir>/wandb/`` and needs no network or
+            account (upload later with ``wandb sync``); ``online`` streams it to the server.
+        dir: where W&B writes (``null``: the run directory).
+    """
+
+    project: str = "embodied_rl"
+    entity: str | None = None
+    mode: str = "offline"
+    dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"mode must be one of {list(WANDB_MODES)}, got {self.mode!r}")
+
+
+@dataclass
+class MlflowConfig:
+    """``trainer.mlflow``: the MLflow run (with ``mlflow`` in ``trainer.loggers``).
+
+    Attributes:
+        tracking_uri: the tracking store (``null``: ``file:<run_dir>/mlruns``, a local file
+            store; ``http://host:5000`` for a tracking server).
+        experiment: the experiment name (``null``: the run config's ``name``).
+    """
+
+    tracking_uri: str | None = None
+    experiment: str | None = None
+
+
 @dataclass
 class TrainerConfig:
     """``trainer``: the step loop around the DAG.
@@ -61,6 +100,11 @@ class TrainerConfig:
     job) the workers finish the step in progress and checkpoint it, if that takes at most this
     many seconds; past it (or with 0) they are stopped at once, and only the checkpoints
     saved before remain (``runtime/preemption.py``).
+
+    ``loggers``: run logs besides ``metrics.jsonl`` and ``metrics.png`` (always written):
+    ``tensorboard`` (scalars from rank 0's worker), ``wandb`` and ``mlflow`` (experiment
+    trackers fed by the driver, configured by ``wandb`` and ``mlflow``; see
+    ``embodied_rl/trackers/``).
     """
 
     total_steps: int = 10
@@ -71,6 +115,9 @@ class TrainerConfig:
     log_to_console: bool = True  # rank 0 prints a line per step (off under a progress bar)
     time_limit_min: float | None = None
     preempt_grace_s: float = 60.0
+    loggers: tuple[str, ...] = ("tensorboard",)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def __post_init__(self) -> None:
         check_fields(
@@ -78,6 +125,7 @@ class TrainerConfig:
         )
         check_fields(self, ("checkpoint_every", "preempt_grace_s"), 0)
         check_range("time_limit_min", self.time_limit_min, 0, low_open=True)
+        self.loggers = tuple(self.loggers)  # names checked by trackers.check_loggers
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

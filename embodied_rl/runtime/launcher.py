@@ -40,7 +40,10 @@ from embodied_rl.runtime.run_folder import (
     check_eval_source,
     eval_output_folder,
     prepare_train_folder,
+    record_command,
 )
+from embodied_rl.trackers.base import FAILED, FINISHED, KILLED
+from embodied_rl.trackers.feed import TrackerFeed, open_trackers
 
 _KEPT_RECORDS = 1000  # newest status/result records the driver keeps (RunResult.records)
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours a task error's header, even in a log file
@@ -86,6 +89,7 @@ class RunResult:
     run_dir: Path
     final_metrics: dict[str, float]
     records: list[Any] = field(default_factory=list)
+    trackers: dict[str, Any] = field(default_factory=dict)  # trackers.json: their run ids
 
 
 def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
@@ -225,16 +229,20 @@ def _clear_status_files(run_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> RunResult:
+def launch(
+    cfg: DictConfig, show_progress: bool = True, mode: str = "train", command: str | None = None
+) -> RunResult:
     """Validate, start the workers, run to completion, and return rank 0's final metrics.
 
     ``mode="eval"`` runs the evaluation DAG once on the run's newest checkpoint and writes
     everything to a new folder ``<run_dir>/<eval.name>_<timestamp>/`` (``RunResult.run_dir``).
     The run folder is checked first (``run_folder.py``: one config per folder, ``resume``,
-    ``overwrite``); a refused command has written nothing.
+    ``overwrite``); a refused command has written nothing. ``command`` (the CLI's command
+    line) is recorded in the folder's ``command.txt``. The trackers of ``trainer.loggers``
+    start before Ray does (one that cannot start stops the command there) and end with the
+    run, marked finished, failed or killed.
     """
     validate_config(cfg, mode)
-    workers_cfg = section(cfg, "workers")
     run_dir = resolve_run_dir(cfg, mode)
     if mode == "eval":
         check_eval_source(cfg, run_dir)
@@ -243,18 +251,43 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
     else:
         prepare_train_folder(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _clear_status_files(run_dir)
+    config_file = run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml")
+    OmegaConf.save(cfg, config_file, resolve=True)
+    if command is not None:
+        record_command(run_dir, command)
+    feed = open_trackers(cfg, run_dir, mode, config_file)
+    status = FAILED
+    try:
+        result = _run_workers(cfg, run_dir, checkpoints, mode, show_progress, feed)
+        result.trackers = {} if feed is None else feed.records
+        status = FINISHED
+        return result
+    except (RunInterrupted, KeyboardInterrupt):
+        status = KILLED
+        raise
+    finally:
+        if feed is not None:
+            feed.close(status)
 
+
+def _run_workers(
+    cfg: DictConfig,
+    run_dir: Path,
+    checkpoints: Path,
+    mode: str,
+    show_progress: bool,
+    feed: TrackerFeed | None,
+) -> RunResult:
+    """Start Ray and the workers, drive them to the end, and take everything down again."""
     import ray
     from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from embodied_rl.runtime.worker import DAGWorker
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _clear_status_files(run_dir)
-    OmegaConf.save(
-        cfg, run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml"), resolve=True
-    )
+    workers_cfg = section(cfg, "workers")
     n = workers_cfg.num_workers
     started_ray = start_ray(cfg, n, workers_cfg.cpus_per_worker)
     spec = device_spec(str(cfg.device))
@@ -290,7 +323,7 @@ def launch(cfg: DictConfig, show_progress: bool = True, mode: str = "train") -> 
         try:
             with preemption:
                 show = show_progress and mode == "train"
-                return _drive(cfg, actors, run_dir, show, rank_nodes, preemption)
+                return _drive(cfg, actors, run_dir, show, rank_nodes, preemption, feed)
         except (KeyboardInterrupt, Terminated) as err:  # reported below, once workers stopped
             stop = err
     finally:
@@ -326,11 +359,13 @@ def _drive(
     show_progress: bool,
     rank_nodes: list[str],
     preemption: Preemption,
+    feed: TrackerFeed | None = None,
 ) -> RunResult:
     """Set the workers up, start their loops, and watch until all finish or one fails.
 
     After SIGTERM (``preemption``) the workers end after the step in progress, checkpointed;
-    that ends the run with :class:`RunPreempted`.
+    that ends the run with :class:`RunPreempted`. ``feed`` sends the trackers what rank 0
+    wrote to the run folder, at every poll.
     """
     # Bounded: the driver polls every worker twice a second, for days in a long run.
     records: deque[Any] = deque(maxlen=_KEPT_RECORDS)
@@ -342,13 +377,17 @@ def _drive(
 
     where = monitor.wait_all([actors[0].rendezvous_address.remote()], poll, preempt_tick)[0]
     setups = [a.setup.remote(where["address"], where["port"]) for a in actors]
-    monitor.wait_all(setups, poll, preempt_tick)
+    ready = monitor.wait_all(setups, poll, preempt_tick)
+    if feed is not None:  # rows before the start step were sent by an earlier attempt
+        feed.start(int(ready[0]["start_step"]))
     total = int(cfg.trainer.total_steps)
     bar = ProgressBar(total=total) if show_progress else None
 
     def on_tick() -> None:
         preemption.tick(actors)
         monitor.poll_status()
+        if feed is not None:
+            feed.poll()
         if bar is not None and monitor.rank0_status:
             status = monitor.rank0_status
             bar.update(int(status.get("completed", 0)), status.get("metrics") or {})

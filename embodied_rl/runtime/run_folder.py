@@ -27,6 +27,7 @@ from embodied_rl.runtime.config import dag_from_config, section
 from embodied_rl.runtime.config_errors import ConfigError, plain_value
 
 SAVED_CONFIG = "config.yaml"
+COMMAND_FILE = "command.txt"  # the command line of every attempt (embodied-rl export's card)
 
 
 def run_identity(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -140,7 +141,7 @@ def prepare_train_folder(cfg: DictConfig, run_dir: Path) -> None:
         _check_resumable(cfg, run_dir)
     elif not _is_empty(run_dir):
         _check_replaceable(cfg, run_dir, overwrite)
-        _remove_contents(run_dir)
+        remove_contents(run_dir)
 
 
 def _check_resumable(cfg: DictConfig, run_dir: Path) -> None:
@@ -178,8 +179,9 @@ def _check_replaceable(cfg: DictConfig, run_dir: Path, overwrite: bool) -> None:
         )
 
 
-def _remove_contents(run_dir: Path) -> None:
-    """``overwrite=true``: remove every entry of the run folder (not the folder itself)."""
+def remove_contents(run_dir: Path) -> None:
+    """Remove every entry of the run folder, not the folder itself (``overwrite=true``, and a
+    fresh run whose trackers could not start)."""
     for entry in run_dir.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -238,3 +240,14 @@ def eval_output_folder(cfg: DictConfig, run_dir: Path) -> Path:
     """
     name = section(cfg, "eval").name
     return run_dir / f"{name}_{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+
+
+def record_command(run_dir: Path, command: str) -> None:
+    """Append the command line that started this attempt to ``<run_dir>/command.txt``.
+
+    One line per attempt, ``<ISO time>  <command>``: the first is the training command, later
+    ones resume it (``embodied-rl export`` writes them into the model card).
+    """
+    stamp = datetime.now().isoformat(timespec="seconds")
+    with open(run_dir / COMMAND_FILE, "a", encoding="utf-8") as f:
+        f.write(f"{stamp}  {command}\n")

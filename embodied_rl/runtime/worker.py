@@ -188,6 +188,7 @@ class DAGWorker:
             self.run_dir,  # an eval's run_dir is its own folder (launcher.py)
             total,
             start_step=self.start_step,
+            tensorboard="tensorboard" in self.trainer.loggers,
             plot_keys=tuple(self.trainer.plot_keys),
             console=self.trainer.log_to_console,
         )

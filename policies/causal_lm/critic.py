@@ -13,19 +13,24 @@ from __future__ import annotations
 import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
 
 # isort: split
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
-from transformers import PreTrainedModel
+from transformers import AutoModel, PreTrainedModel
 
 from embodied_rl import keys as K
 from embodied_rl.registry import POLICIES
 from policies.causal_lm.configuration import CausalLMConfig
 from policies.causal_lm.modeling import build_model_and_tokenizer, response_forward_inputs
+from policies.causal_lm.tokenizer import load_tokenizer
 
 VALUE_HEAD_INIT_STD = 1e-2  # small: initial values near 0, the backbone is not disturbed
+VALUE_HEAD_FILE = "value_head.safetensors"  # beside the backbone's files (save_pretrained)
 
 
 class CausalLMCritic(torch.nn.Module):
@@ -79,6 +84,35 @@ class CausalLMCritic(torch.nn.Module):
         values = self.value_head(states).squeeze(-1)  # (B, R)
         valid = batch[K.RESPONSE_MASK].to(device) > 0
         return torch.where(valid, values, torch.zeros_like(values))
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
+        """Write the backbone in the ``transformers`` layout (``config.json``,
+        ``model.safetensors``: an ``AutoModel``), the value head (``value_head.safetensors``)
+        and the tokenizer's files; :meth:`from_pretrained` loads them."""
+        out = Path(folder).expanduser()
+        self.backbone.save_pretrained(str(out))
+        head = {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        save_file(head, str(out / VALUE_HEAD_FILE))
+        self.tokenizer.save_pretrained(str(out))
+        return out
+
+    @classmethod
+    def from_pretrained(
+        cls, folder: str | os.PathLike[str], device: torch.device | str = "cpu"
+    ) -> CausalLMCritic:
+        """Load a folder written by :meth:`save_pretrained` (local files only)."""
+        folder = Path(folder).expanduser()
+        if not (folder / VALUE_HEAD_FILE).is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {VALUE_HEAD_FILE}; point at a folder written by "
+                "CausalLMCritic.save_pretrained (embodied-rl export --critic)"
+            )
+        backbone = AutoModel.from_pretrained(
+            str(folder), local_files_only=True, use_safetensors=True
+        )
+        critic = cls(backbone, load_tokenizer(folder))
+        critic.value_head.load_state_dict(load_file(str(folder / VALUE_HEAD_FILE)))
+        return critic.to(device)
 
     @classmethod
     def from_config(cls, config: CausalLMConfig, device: torch.device) -> CausalLMCritic:

@@ -15,6 +15,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix transform
 
 # isort: split
 import inspect
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,18 @@ class CausalLMPolicy(torch.nn.Module):
     def inference_dtype(self) -> str:
         """Parameter dtype name (``float32``, ``bfloat16``, ...) an engine should run in."""
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
+        """Write the LM in the ``transformers`` layout (``config.json``,
+        ``generation_config.json``, ``model.safetensors``) and its tokenizer's files.
+
+        ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load it,
+        and so does this policy with ``preset: null, path: <folder>``.
+        """
+        out = Path(folder).expanduser()
+        self.model.save_pretrained(str(out))  # safetensors (transformers' default)
+        self.tokenizer.save_pretrained(str(out))
+        return out
 
     def save_architecture(self, folder: str) -> None:
         """Write the model's ``config.json`` (architecture only, no weights) into ``folder``."""

@@ -14,14 +14,19 @@ by it. ``act`` and ``evaluate`` apply it identically, so a stored sample scores 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import re
 import zlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
 from torch import nn
 
@@ -30,7 +35,16 @@ from embodied_rl.data.batch import strings
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
 from policies.mlp.configuration import MLPPolicyConfig
-from policies.normalization import Normalizer
+from policies.normalization import Normalizer, select_statistics
+from policies.openvla.loading import (
+    CONFIG_FILE,
+    STATISTICS_FILE,
+    WEIGHTS_FILE,
+    is_statistics_buffer,
+)
+
+MODEL_TYPE = "embodied_rl_mlp"  # config.json's model_type
+STATISTICS_NAME = "demonstrations"  # the dataset name the statistics are saved under
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -256,6 +270,59 @@ class MLPPolicy(nn.Module):
             raise ValueError("this MLP policy has no value head; set value_head: true")
         features, mask = self._flat_steps(batch)
         return self.value(features).view(mask.shape) * mask.to(self.device)
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
+        """Write the policy in the Hugging Face layout :meth:`from_pretrained` reads.
+
+        ``config.json`` (the options, ``model_type`` ``embodied_rl_mlp``), ``model.safetensors``
+        (the weights) and, when statistics are set, ``dataset_statistics.json`` (OpenVLA's
+        ``norm_stats`` format, as the VLA policies write it); the statistics buffers are not
+        in the weights file, as in the published OpenVLA layout.
+        """
+        out = Path(folder).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        weights = {
+            name: tensor.detach().cpu().contiguous()
+            for name, tensor in self.state_dict().items()
+            if not is_statistics_buffer(name)
+        }
+        save_file(weights, str(out / WEIGHTS_FILE))
+        config = {"model_type": MODEL_TYPE, **dataclasses.asdict(self.config)}
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        statistics = self.normalizer.statistics()
+        if statistics is not None:
+            text = json.dumps({STATISTICS_NAME: statistics}, indent=2)
+            (out / STATISTICS_FILE).write_text(text + "\n")
+        return out
+
+    @classmethod
+    def from_pretrained(
+        cls, folder: str | os.PathLike[str], device: torch.device | str = "cpu"
+    ) -> MLPPolicy:
+        """Load a folder written by :meth:`save_pretrained` (no run folder needed)."""
+        folder = Path(folder).expanduser()
+        if not (folder / CONFIG_FILE).is_file():
+            raise FileNotFoundError(
+                f"{folder} has no {CONFIG_FILE}; point at a folder written by "
+                "MLPPolicy.save_pretrained (embodied-rl export of an mlp run)"
+            )
+        options = json.loads((folder / CONFIG_FILE).read_text())
+        if options.pop("model_type", None) != MODEL_TYPE:
+            raise ValueError(f"{folder / CONFIG_FILE} is not an embodied_rl mlp policy's config")
+        policy = build_mlp_policy(options, torch.device("cpu"))
+        expected = {k for k in policy.state_dict() if not is_statistics_buffer(k)}
+        weights = load_file(str(folder / WEIGHTS_FILE))
+        if set(weights) != expected:
+            raise ValueError(
+                f"{folder / WEIGHTS_FILE} does not match its config.json: missing "
+                f"{sorted(expected - set(weights))}, unexpected {sorted(set(weights) - expected)}"
+            )
+        policy.load_state_dict(weights, strict=False)  # the statistics come from their file
+        if (folder / STATISTICS_FILE).is_file():
+            norm_stats = json.loads((folder / STATISTICS_FILE).read_text())
+            _, entry = select_statistics(norm_stats, None)
+            policy.set_statistics(entry)
+        return policy.to(device)
 
 
 def _tensor(array: np.ndarray | torch.Tensor | None) -> torch.Tensor | None:

@@ -50,12 +50,25 @@ from tests.embodied_rl.synthetic_demos import input_overrides
 
 CONFIG_CLASSES = [NODE_TYPES.get(n).config_cls for n in TYPE_NAMES]
 OPTION_NAMES = {f.name for c in CONFIG_CLASSES if c is not None for f in dataclasses.fields(c)}
+
+
+def _field_names(cls: type) -> set[str]:
+    """The fields of a config dataclass and of the blocks nested in it (``trainer.wandb``)."""
+    hints = typing.get_type_hints(cls)
+    names = set()
+    for f in dataclasses.fields(cls):
+        names.add(f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            names |= _field_names(hints[f.name])
+    return names
+
+
 # Every name that is a valid key somewhere: a generated key outside this set is unknown
 # wherever it is put.
 KNOWN_NAMES = (
     TOP_LEVEL
     | OPTION_NAMES
-    | {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    | {name for cls in SECTIONS.values() for name in _field_names(cls)}
     | {
         f.name
         for cls in (ModelSpec, OptimizerConfig, ParallelConfig)

@@ -368,6 +368,33 @@ CASES = [
         "trainer",
         id="deleted-trainer-section",
     ),
+    # ----------------------------------------------------------------------------- export
+    pytest.param("export {tmp}/missing --out {tmp}/out", "does not exist", id="export-no-run"),
+    pytest.param(
+        "export {tmp}/empty --out {tmp}/out", "has no config.yaml", id="export-not-a-run-folder"
+    ),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}}/out",
+        "cannot load models.actor",
+        id="export-checkpoint-without-models",
+    ),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}}/out --step 7", "step_000001", id="export-no-such-step"
+    ),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}}/out --critic",
+        "has no models.critic",
+        id="export-no-critic",
+    ),
+    pytest.param(f"export {{tmp}}/{RUN} --out {{tmp}}/data", "--force", id="export-out-not-empty"),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}}/data/ok.parquet", "is a file", id="export-out-a-file"
+    ),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}} --force",
+        "which --force would delete",
+        id="export-force-over-the-run",
+    ),
     # ------------------------------------------------------------------------------ demos
     pytest.param(
         "demos --suite libero_object --image-size 0 --out {tmp}/out",
@@ -422,6 +449,9 @@ def test_bad_input_is_one_error_line_and_changes_nothing(user_files, capsys, com
         pytest.param("plan --config-name srpo_reach --no-progress", id="flag-of-another-command"),
         pytest.param("demos --tasks x --out {tmp}/out", id="demos-task-not-an-id"),
         pytest.param("demos --image-size abc --out {tmp}/out", id="demos-image-size-not-int"),
+        pytest.param("export --out {tmp}/out", id="export-without-run"),
+        pytest.param(f"export {{tmp}}/{RUN}", id="export-without-out"),
+        pytest.param(f"export {{tmp}}/{RUN} --out {{tmp}}/out --step x", id="export-step-not-int"),
     ],
 )
 def test_a_malformed_command_line_gets_argparse_usage_and_changes_nothing(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied_rl.metrics import ProgressBar, RunLogger, reduce_records
+from embodied_rl.metrics import MetricsTail, ProgressBar, RunLogger, reduce_records
 from embodied_rl.runtime.context import MetricSink
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -125,3 +125,16 @@ def test_progress_bar_is_safe_when_output_is_not_a_terminal() -> None:
     bar.update(4, {})
     bar.close()
     assert bar.n == 4 and out.getvalue() == ""
+
+
+def test_metrics_tail_reads_each_complete_line_once(tmp_path: Path) -> None:
+    """What the driver's tracker feed follows: a line still being written waits, whole."""
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read() == []  # no file yet
+    path.write_text('{"step": 0, "a": 1.0}\n{"step": 1, "a"')
+    assert tail.read() == [{"step": 0, "a": 1.0}]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(': 2.5}\nnot json\n{"step": 2}\n')
+    assert tail.read() == [{"step": 1, "a": 2.5}, {"step": 2}]
+    assert tail.read() == []
