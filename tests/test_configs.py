@@ -105,6 +105,13 @@ def test_eval_split_and_name_reach_the_evaluation_dag():
     assert train["videos"]["name"] == "eval_train"  # the videos go into the report's folder
     with pytest.raises(Exception, match="eval.split must be one of"):
         validate_config(compose("srpo_reach", ["eval.split=heldin"]))
+    validation = eval_nodes(["eval.split=validation"])["tasks"]
+    assert validation["split"] == "validation" and validation["heldout_every"] == 5
+    validate_config(compose("srpo_reach", ["eval.split=test"]))
+    # Training on every state makes a held-out evaluation a leak; evaluating train is asked for.
+    with pytest.raises(Exception, match="'test' split shares 20 .task, init state. pairs"):
+        validate_config(compose("srpo_reach", ["data.split=all", "eval.split=test"]))
+    validate_config(compose("srpo_reach", ["data.split=all", "eval.split=train"]))
     # The evaluation before step 1 and the one after it would be averaged in one metrics row.
     with pytest.raises(Exception, match="eval.at_start=true with eval.every=1"):
         validate_config(compose("srpo_reach", ["eval.at_start=true", "eval.every=1"]))

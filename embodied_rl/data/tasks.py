@@ -1,8 +1,14 @@
 """Task manifests for embodied RL: each data-parallel rank draws its own (task, init state) rows.
 
-A manifest row is a ``(task_id, init_state_id)`` pair; the split of init states into train and
-held-out is explicit and deterministic (``heldout_every``), so evaluation never sees a
-training start state.
+A manifest row is a ``(task_id, init_state_id)`` pair. The split of init states is explicit
+and deterministic, so evaluation never sees a training start state:
+
+- every ``heldout_every``-th init state is held out (ids 4, 9, 14, ... for 5), the rest train;
+- the held-out states alternate between ``validation`` (the 1st, 3rd, ... held-out id: 4, 14,
+  24, ...), the only states to look at when choosing a configuration, and ``test`` (the 2nd,
+  4th, ...: 9, 19, 29, ...), touched once per reported run;
+- ``heldout`` is validation and test together (what every run before the three-way split
+  evaluated), ``all`` every state.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from embodied_rl.data.sampler import EpochSampler
 
-SPLITS = ("train", "heldout", "all")
+SPLITS = ("train", "validation", "test", "heldout", "all")
+# Splits that must never share an init state with the training split.
+EVALUATION_SPLITS = ("validation", "test", "heldout")
 
 
 def split_size(num_init_states: int, heldout_every: int, split: str) -> int:
@@ -30,11 +38,18 @@ def split_size(num_init_states: int, heldout_every: int, split: str) -> int:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     held = num_init_states // heldout_every if heldout_every > 0 else 0
-    size = {"all": num_init_states, "heldout": held, "train": num_init_states - held}[split]
+    size = {
+        "all": num_init_states,
+        "heldout": held,
+        "validation": (held + 1) // 2,  # the 1st, 3rd, ... held-out ids
+        "test": held // 2,
+        "train": num_init_states - held,
+    }[split]
     if size < 1:
         raise ValueError(
             f"split {split!r} of {num_init_states} init states with heldout_every={heldout_every} "
-            "is empty; change heldout_every"
+            f"is empty ({held} held out: validation {(held + 1) // 2}, test {held // 2}); "
+            "change heldout_every (0 holds nothing out) or num_init_states"
         )
     return size
 
@@ -45,16 +60,36 @@ def is_heldout(init_state_id: int, heldout_every: int) -> bool:
     return heldout_every > 0 and init_state_id % heldout_every == heldout_every - 1
 
 
-def split_init_states(num_init_states: int, heldout_every: int, split: str) -> list[int]:
-    """Init-state ids of a split (held out: see :func:`is_heldout`).
+def split_of(init_state_id: int, heldout_every: int) -> str:
+    """``train``, ``validation`` or ``test``: the one split an init state belongs to."""
+    if not is_heldout(init_state_id, heldout_every):
+        return "train"
+    # The n-th held-out id (n = id // heldout_every) alternates validation, test, validation...
+    return "validation" if (init_state_id // heldout_every) % 2 == 0 else "test"
 
-    ``heldout_every <= 0`` holds nothing out (train = all; heldout is then an error).
+
+def split_init_states(num_init_states: int, heldout_every: int, split: str) -> list[int]:
+    """Init-state ids of a split (see the module docstring), ascending.
+
+    ``heldout_every <= 0`` holds nothing out (train = all; the other splits are then errors).
     """
     split_size(num_init_states, heldout_every, split)
     ids = list(range(num_init_states))
     if split == "all":
         return ids
-    return [i for i in ids if is_heldout(i, heldout_every) == (split == "heldout")]
+    if split == "heldout":
+        return [i for i in ids if is_heldout(i, heldout_every)]
+    return [i for i in ids if split_of(i, heldout_every) == split]
+
+
+def shared_with_training(
+    trained: Sequence[tuple[int, int]], evaluated: Sequence[tuple[int, int]], split: str
+) -> list[tuple[int, int]]:
+    """The (task, init state) pairs an evaluation of ``split`` shares with training's rows,
+    sorted; always empty for ``train``/``all``, which evaluate training states on purpose."""
+    if split not in EVALUATION_SPLITS:
+        return []
+    return sorted(set(trained) & set(evaluated))
 
 
 def check_task_ids(tasks: Sequence[int], num_tasks: int) -> None:

@@ -182,7 +182,8 @@ class TaskDataConfig:
     Attributes:
         num_tasks / num_init_states: the simulator suite's sizes (from its config group).
         tasks: task ids to use, each once (``None``: all).
-        split: ``train``, ``heldout`` or ``all`` init states.
+        split: ``train``, ``validation``, ``test``, ``heldout`` (validation and test) or
+            ``all`` init states (``embodied_rl/data/tasks.py``).
         heldout_every: every n-th init state is held out for evaluation (0: none).
         batch_size: (task, init state) pairs per step over ALL ranks; each becomes a group of
             ``group_size`` rollouts in ``rollout.env``.

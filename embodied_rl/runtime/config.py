@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from embodied_rl.dag.node_type import dataclass_problems
 from embodied_rl.dag.spec import DagSpec, validate_dag
+from embodied_rl.data.tasks import shared_with_training
 from embodied_rl.registry import (
     PLUGIN_MODULES,
     is_model_name,
@@ -228,6 +229,28 @@ def _check_model_names(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
                 )
 
 
+TASK_MANIFEST_TYPE = "data.tasks"
+
+
+def _manifest_nodes(dag: DagSpec) -> list[Any]:
+    return [node for node in dag.nodes if node.type.name == TASK_MANIFEST_TYPE]
+
+
+def _check_evaluation_apart(evaluation_dag: DagSpec, training_dag: DagSpec) -> None:
+    """The evaluation's held-out (task, init state) rows are none that training draws."""
+    trained = [row for node in _manifest_nodes(training_dag) for row in node.config.rows()]
+    for node in _manifest_nodes(evaluation_dag):
+        shared = shared_with_training(trained, node.config.rows(), node.config.split)
+        if shared:
+            raise ConfigError(
+                f"eval_dag node {node.id!r}: its {node.config.split!r} split shares "
+                f"{len(shared)} (task, init state) pairs with the training rows, e.g. "
+                f"{shared[:4]}; its numbers would not be held out",
+                "train on data.split=train and evaluate validation/test/heldout with the same "
+                "data.heldout_every",
+            )
+
+
 def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") -> DagSpec:
     """Everything that can be checked before Ray starts; returns the validated DAG.
 
@@ -270,6 +293,8 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
     dags.append(dag_from_config(plain, workers.num_workers))
     for dag in dags:
         _check_model_names(dag, models)
+    if len(dags) == 2:
+        _check_evaluation_apart(evaluation_dag=dags[0], training_dag=dags[1])
     # data files, demo folders, id ranges: before anything is written
     check_inputs(dags[:-1] if mode == "eval" else dags)
     unused = check_unused(OmegaConf.to_container(cfg, resolve=False))

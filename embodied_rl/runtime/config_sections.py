@@ -178,8 +178,11 @@ class EvalConfig:
         video_size: side of the video frames in pixels (every env step is drawn at this
             size for the videos; the policy's images keep theirs).
         suite_name: shown in the report's title (e.g. the LIBERO suite).
-        split: init states evaluated: ``heldout`` (never trained on; the default), ``train``
-            or ``all`` (see ``embodied_rl/data/tasks.py``).
+        split: init states evaluated: ``heldout`` (never trained on; the default),
+            ``validation`` (half of them: the states to choose a configuration on), ``test``
+            (the other half: touched once per reported run), ``train`` or ``all`` (see
+            ``embodied_rl/data/tasks.py``). A held-out split that shares a state with the
+            training rows is refused.
         name: metric prefix (``<name>/success_rate``) and report folder under the run dir;
             give another split its own, e.g. ``eval.split=train eval.name=eval_train``.
     """

@@ -10,7 +10,9 @@ from embodied_rl.data.tasks import (
     TaskManifestLoader,
     check_task_ids,
     manifest,
+    shared_with_training,
     split_init_states,
+    split_of,
     split_size,
 )
 
@@ -19,8 +21,41 @@ def test_split_is_explicit_and_disjoint():
     assert split_init_states(10, 5, "heldout") == [4, 9]
     assert split_init_states(10, 5, "train") == [0, 1, 2, 3, 5, 6, 7, 8]
     assert split_init_states(10, 0, "train") == list(range(10))
-    with pytest.raises(ValueError, match="is empty; change heldout_every"):
+    with pytest.raises(ValueError, match="is empty"):
         split_init_states(10, 0, "heldout")
+
+
+def test_held_out_states_alternate_between_validation_and_test():
+    # 50 states, every 5th held out: 4, 9, ..., 49; validation takes the 1st, 3rd, ...
+    assert split_init_states(50, 5, "validation") == [4, 14, 24, 34, 44]
+    assert split_init_states(50, 5, "test") == [9, 19, 29, 39, 49]
+    # every 2nd of 50 held out: 25 states, 13 validation (1, 5, 9, ...) and 12 test (3, 7, ...)
+    validation, test = split_init_states(50, 2, "validation"), split_init_states(50, 2, "test")
+    assert validation[:3] == [1, 5, 9] and test[:3] == [3, 7, 11]
+    assert (
+        (len(validation), len(test))
+        == (13, 12)
+        == (split_size(50, 2, "validation"), split_size(50, 2, "test"))
+    )
+    for n, every in [(50, 5), (50, 2), (37, 3), (10, 4)]:
+        parts = [set(split_init_states(n, every, s)) for s in ("train", "validation", "test")]
+        assert sum(map(len, parts)) == n and set.union(*parts) == set(range(n))  # a partition
+        assert parts[1] | parts[2] == set(split_init_states(n, every, "heldout"))
+        assert all(split_of(i, every) == "test" for i in parts[2])
+    # heldout_every=5 with 5 states: one held-out state, which is validation; test is empty
+    assert split_init_states(5, 5, "validation") == [4]
+    with pytest.raises(ValueError, match="1 held out: validation 1, test 0"):
+        split_init_states(5, 5, "test")
+
+
+def test_an_evaluation_of_held_out_states_shares_nothing_with_training():
+    train = manifest([0, 1], split_init_states(20, 5, "train"))
+    test = manifest([0, 1], split_init_states(20, 5, "test"))
+    assert shared_with_training(train, test, "test") == []
+    everything = manifest([0, 1], split_init_states(20, 5, "all"))
+    assert shared_with_training(everything, test, "test") == [(0, 9), (0, 19), (1, 9), (1, 19)]
+    # training states evaluated on purpose (eval.split=train) are not a leak
+    assert shared_with_training(train, train, "train") == []
 
 
 def test_ranks_share_each_step_without_overlap_and_resume_matches():
@@ -54,12 +89,12 @@ def test_split_size_is_computed_without_listing_the_ids():
     assert split_size(10, 5, "heldout") == 2 and split_size(10, 5, "train") == 8
     assert split_size(10**15, 4, "train") == 3 * 10**15 // 4  # instant: nothing is listed
     with pytest.raises(ValueError, match="split must be one of"):
-        split_size(10, 5, "test")
+        split_size(10, 5, "val")
     for n, every in [(3, 5), (10, 0), (7, 1)]:
         split = "train" if every == 1 else "heldout"
-        with pytest.raises(ValueError, match="is empty; change heldout_every"):
+        with pytest.raises(ValueError, match="is empty .*change heldout_every"):
             split_size(n, every, split)
-        with pytest.raises(ValueError, match="is empty; change heldout_every"):
+        with pytest.raises(ValueError, match="is empty .*change heldout_every"):
             split_init_states(n, every, split)
 
 
