@@ -19,6 +19,14 @@ from embodied_rl import keys as K
 from embodied_rl.data.batch import batch_len, strings
 from embodied_rl.runtime.context import NodeContext
 
+# What an evaluation writes: <run>/<name>/results.jsonl (one row per step and task), and per
+# step <run>/<name>/step_N/ with the reports, the chart and the videos. The trackers and the
+# model card read them too.
+RESULTS_FILE = "results.jsonl"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+CHART_FILE = "success_by_task.png"
+
 
 def check_folder_name(name: str) -> None:
     """``name`` (an evaluation's metric prefix and folder) must be a plain folder name."""

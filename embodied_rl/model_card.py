@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
+from embodied_rl.eval_episodes import RESULTS_FILE
 from embodied_rl.metrics import METRICS_FILE, read_metrics
-from embodied_rl.nodes.eval import RESULTS_FILE
 from embodied_rl.runtime.init_from import RUN_CONFIG
 from embodied_rl.runtime.run_folder import COMMAND_FILE
 

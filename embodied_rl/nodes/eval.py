@@ -31,6 +31,10 @@ from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len
 from embodied_rl.eval_episodes import (
+    CHART_FILE,
+    REPORT_HTML,
+    REPORT_MD,
+    RESULTS_FILE,
     Episode,
     check_folder_name,
     gather_episodes,
@@ -40,11 +44,6 @@ from embodied_rl.eval_episodes import (
 )
 from embodied_rl.metrics import read_metrics
 from embodied_rl.runtime.context import NodeContext
-
-RESULTS_FILE = "results.jsonl"
-REPORT_HTML = "report.html"
-REPORT_MD = "report.md"
-CHART_FILE = "success_by_task.png"
 
 
 @dataclass

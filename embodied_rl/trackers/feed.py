@@ -21,9 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from embodied_rl.eval_episodes import step_folder
+from embodied_rl.eval_episodes import RESULTS_FILE, step_folder
 from embodied_rl.metrics import METRICS_FILE, MetricsTail, read_metrics
-from embodied_rl.nodes.eval import RESULTS_FILE
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import section
 from embodied_rl.runtime.run_folder import remove_contents
