@@ -38,17 +38,18 @@ def split_size(num_init_states: int, heldout_every: int, split: str) -> int:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     held = num_init_states // heldout_every if heldout_every > 0 else 0
-    size = {
+    sizes = {
         "all": num_init_states,
         "heldout": held,
         "validation": (held + 1) // 2,  # the 1st, 3rd, ... held-out ids
         "test": held // 2,
         "train": num_init_states - held,
-    }[split]
+    }
+    size = sizes[split]
     if size < 1:
         raise ValueError(
             f"split {split!r} of {num_init_states} init states with heldout_every={heldout_every} "
-            f"is empty ({held} held out: validation {(held + 1) // 2}, test {held // 2}); "
+            f"is empty ({held} held out: validation {sizes['validation']}, test {sizes['test']}); "
             "change heldout_every (0 holds nothing out) or num_init_states"
         )
     return size
