@@ -242,6 +242,10 @@ def _relocated(model: ExportedModel, partial: Path, out: Path) -> ExportedModel:
     loading = Exported(
         options=None if options is None else {k: moved(v) for k, v in options.items()},
         python=moved(model.loading.python),
+        also={
+            purpose: (name, policy, {k: moved(v) for k, v in entry_options.items()})
+            for purpose, (name, policy, entry_options) in model.loading.also.items()
+        },
     )
     folder = out / model.folder.relative_to(partial)
     return dataclasses.replace(model, folder=folder, loading=loading)

@@ -13,7 +13,7 @@ then step 1, ...), and the mask is the per-step ``STEP_MASK`` repeated over each
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -125,10 +125,14 @@ class Exported:
             ``path`` option set to it), or ``None`` when the builder cannot load a folder.
         python: Python code that loads the folder with the policy's own ``from_pretrained``
             (or the library's), or ``None``.
+        also: other model entries that load the folder, as ``{purpose: (model name,
+            registry name, options)}``, e.g. a pretrained world model as SRPO's
+            ``video_encoder``; the model card shows each.
     """
 
     options: dict[str, Any] | None
     python: str | None = None
+    also: dict[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -105,6 +105,9 @@ def _loading(model: ExportedModel) -> str:
             "or in Python: `embodied_rl.registry.model_builder(policy)(options, 'cpu')` after "
             "`import policies`.",
         ]
+    for purpose, (name, policy, options) in model.loading.also.items():
+        entry = {"models": {name: {"policy": policy, "options": options}}}
+        parts += [f"{purpose}, as the model entry:", _block("yaml", _yaml(entry))]
     return "\n\n".join(parts)
 
 

@@ -9,4 +9,5 @@ from policies import (
     mlp,  # noqa: F401  (registers "mlp")
     openvla,  # noqa: F401  (registers "openvla")
     openvla_oft,  # noqa: F401  (registers "openvla_oft")
+    world_model,  # noqa: F401  (registers "world_model.vjepa2")
 )

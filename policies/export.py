@@ -10,7 +10,9 @@ Each writes the built policy (the run's weights and statistics loaded) with the 
   policy's ``path`` option; ``causal_lm_critic``: the backbone, ``value_head.safetensors``
   and the tokenizer, for ``CausalLMCritic.from_pretrained``;
 - ``mlp``: ``config.json``, ``model.safetensors`` and the statistics, for
-  ``MLPPolicy.from_pretrained``.
+  ``MLPPolicy.from_pretrained``;
+- ``world_model.vjepa2``: a ``VJEPA2Model`` (the EMA target encoder and the predictor), which
+  ``video_encoder.vjepa2`` loads with ``path`` as it loads the published V-JEPA 2 weights.
 """
 
 from __future__ import annotations
@@ -72,3 +74,28 @@ def export_mlp(policy: nn.Module, options: Mapping[str, Any], folder: Path) -> E
         f"from policies.mlp import MLPPolicy\n\npolicy = MLPPolicy.from_pretrained({str(folder)!r})"
     )
     return Exported(options=None, python=python)
+
+
+@EXPORTERS.register("world_model.vjepa2")
+def export_vjepa2_world_model(
+    policy: nn.Module, options: Mapping[str, Any], folder: Path
+) -> Exported:
+    """A ``VJEPA2Model`` folder; the SRPO encoder ``video_encoder.vjepa2`` reads it with the
+    same frame count and preprocessing the world model was trained with."""
+    policy.save_pretrained(folder)
+    opts = policy.options
+    frames = {
+        "num_frames": opts.num_frames,
+        "resize_short": opts.resize_short,
+        "crop_size": opts.crop_size,
+    }
+    python = (
+        "from transformers import VJEPA2Model\n\n"
+        f"model = VJEPA2Model.from_pretrained({str(folder)!r})"
+    )
+    encoder = ("video_encoder", "video_encoder.vjepa2", {"path": str(folder), **frames})
+    return Exported(
+        options={"path": str(folder), **frames},  # world_model.vjepa2: pretrain further
+        python=python,
+        also={"As SRPO's trajectory encoder (encode.video)": encoder},
+    )

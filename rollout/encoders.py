@@ -35,31 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied_rl.checks import check_fields, check_range
+from embodied_rl.checks import check_fields
+from embodied_rl.data.episode_videos import sample_frame_indices
 from embodied_rl.registry import VIDEO_ENCODERS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def sample_frame_indices(length: int, num_frames: int) -> torch.Tensor:
-    """Which of an episode's ``length`` valid frames to feed the encoder.
-
-    ``length >= num_frames``: ``floor(linspace(0, length - 1, num_frames))`` (computed in
-    integers, so no rounding surprises); shorter episodes cycle their frames:
-    ``0, 1, ..., length - 1, 0, 1, ...``.
-
-    Returns:
-        (num_frames,) int64 indices into the valid frames.
-    """
-    check_range("length", length, 1)
-    check_range("num_frames", num_frames, 1)
-    steps = torch.arange(num_frames, dtype=torch.int64)
-    if length < num_frames:
-        return steps % length
-    if num_frames == 1:
-        return torch.zeros(1, dtype=torch.int64)
-    return steps * (length - 1) // (num_frames - 1)
 
 
 def sample_clips(frames: torch.Tensor, lengths: torch.Tensor, num_frames: int) -> torch.Tensor:

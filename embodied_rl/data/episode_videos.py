@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from embodied_rl.checks import check_range
 from embodied_rl.data.demos import (
     IMAGE_KEYS,
     find_demo_files,
@@ -38,6 +40,26 @@ from embodied_rl.data.demos import (
 EPISODE_FORMAT = "embodied_rl_episode_videos"
 EPISODE_FORMAT_VERSION = 1
 OBSERVATION_CONVENTION = "observation"  # frames stored as the policy sees them
+
+
+def sample_frame_indices(length: int, num_frames: int) -> torch.Tensor:
+    """Which of an episode's ``length`` valid frames to feed the encoder.
+
+    ``length >= num_frames``: ``floor(linspace(0, length - 1, num_frames))`` (computed in
+    integers, so no rounding surprises); shorter episodes cycle their frames:
+    ``0, 1, ..., length - 1, 0, 1, ...``.
+
+    Returns:
+        (num_frames,) int64 indices into the valid frames.
+    """
+    check_range("length", length, 1)
+    check_range("num_frames", num_frames, 1)
+    steps = torch.arange(num_frames, dtype=torch.int64)
+    if length < num_frames:
+        return steps % length
+    if num_frames == 1:
+        return torch.zeros(1, dtype=torch.int64)
+    return steps * (length - 1) // (num_frames - 1)
 
 
 class EpisodeVideoError(ValueError):

@@ -18,4 +18,5 @@ from embodied_rl.nodes import (  # noqa: F401
     ref,
     reward,
     sft,
+    world_model,
 )

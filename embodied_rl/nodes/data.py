@@ -25,6 +25,7 @@ from embodied_rl.data.tasks import (
     split_init_states,
     split_size,
 )
+from embodied_rl.data.video_loader import VideoClipLoader, select_videos
 from embodied_rl.runtime.context import NodeContext
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +152,9 @@ def next_loader_batch(ctx: NodeContext, batch: None) -> TensorDict:
     Logs ``data/epoch`` and, for each reason rows were dropped when the loader started,
     ``data/dropped_<reason>`` (the same on every rank; absent when nothing was dropped).
     """
-    loader: ShardedPromptLoader | TaskManifestLoader | DemoLoader = ctx.state[LOADER_STATE]
+    loader: ShardedPromptLoader | TaskManifestLoader | DemoLoader | VideoClipLoader = ctx.state[
+        LOADER_STATE
+    ]
     out = loader.next_batch()
     ctx.metrics.log("data/epoch", loader.epoch, reduce="max")
     for reason, count in loader.dropped.items():
@@ -376,4 +379,81 @@ def _demo_keys(cfg: DemoDataConfig) -> tuple[str, ...]:
 )
 def demos_node(ctx: NodeContext, batch: None) -> TensorDict:
     """This rank's demonstration steps of the next update (``data.demos``)."""
+    return next_loader_batch(ctx, batch)
+
+
+@dataclass
+class VideoDataConfig:
+    """Options of ``data.videos``: clips of labelled episode videos (world-model pretraining).
+
+    Attributes:
+        paths: LIBERO demo files (successes) and episode video files (``rollout.save_episodes``:
+            rollouts, successes and failures), or folders of them; relative paths are looked
+            up from the working directory, then the repo root.
+        num_frames: frames per clip (the world model's ``num_frames``).
+        image_size: frames resized to this side (the rollouts' observation size).
+        batch_size: clips per optimizer step over ALL data-parallel ranks.
+        shuffle: reshuffle every epoch (deterministic from the run seed).
+        prefix_prob: probability that a clip spans a random prefix of its episode instead of
+            the whole episode.
+        heldout_every: videos that started from a held-out init state (the evaluations'
+            validation and test states) are left out; 0 holds nothing out.
+        tasks: keep only videos of these suite task ids; ``None`` keeps all.
+    """
+
+    paths: list[str]
+    num_frames: int = 16
+    image_size: int = 64
+    batch_size: int = 16
+    shuffle: bool = True
+    prefix_prob: float = 0.25
+    heldout_every: int = 5
+    tasks: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValueError("paths is empty; list video files or folders (data.paths)")
+        check_fields(self, ("num_frames", "batch_size"), 1)
+        check_range("image_size", self.image_size, 8)
+        check_range("prefix_prob", self.prefix_prob, 0.0, 1.0)
+        check_range("heldout_every", self.heldout_every, 0)
+
+    def selected(self) -> tuple[list, dict[str, int]]:
+        """The videos this node draws from and the counts left out (metadata only)."""
+        paths = [str(p) for p in resolve_demo_paths(self.paths)]
+        return select_videos(paths, self.heldout_every, self.tasks)
+
+    def check_inputs(self) -> None:
+        """On the driver before workers start: every file opens as a demo or episode video
+        file and some videos are left to train on."""
+        self.selected()
+
+
+def setup_video_loader(ctx: NodeContext) -> None:
+    """Select the videos and build this rank's clip loader."""
+    cfg: VideoDataConfig = ctx.node_config
+    infos, dropped = cfg.selected()
+    ctx.state[LOADER_STATE] = VideoClipLoader(
+        infos,
+        num_frames=cfg.num_frames,
+        image_size=cfg.image_size,
+        global_batch_size=cfg.batch_size,
+        dp_rank=ctx.dp_rank,
+        dp_size=ctx.dp_size,
+        seed=int(ctx.cfg.seed),
+        shuffle=cfg.shuffle,
+        prefix_prob=cfg.prefix_prob,
+        dropped=dropped,
+    )
+
+
+@register_node(
+    "data.videos",
+    writes=(K.FRAMES, K.FRAME_COUNT, K.SUCCESS, K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
+    source=True,
+    config=VideoDataConfig,
+    setup=setup_video_loader,
+)
+def videos_node(ctx: NodeContext, batch: None) -> TensorDict:
+    """This rank's video clips of the next update (``data.videos``)."""
     return next_loader_batch(ctx, batch)

@@ -86,9 +86,10 @@ def write_synthetic_demos(
 @functools.cache
 def input_overrides(name: str) -> tuple[str, ...]:
     """Overrides that give a shipped config the input files validation opens: for
-    sft_libero, whose ``demos/libero_spatial`` the user generates, a folder of synthetic demo
-    files (written once per process, removed at exit)."""
-    if name != "sft_libero":
+    sft_libero, whose ``demos/libero_spatial`` the user generates, and pretrain_vjepa_libero
+    (demos are videos of successes to it), a folder of synthetic demo files (written once per
+    process and config, removed at exit)."""
+    if name not in ("sft_libero", "pretrain_vjepa_libero"):
         return ()
     folder = Path(tempfile.mkdtemp(prefix="synthetic_demos_"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
