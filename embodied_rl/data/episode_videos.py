@@ -32,7 +32,6 @@ import torch
 from embodied_rl.checks import check_range
 from embodied_rl.data.demos import (
     IMAGE_KEYS,
-    find_demo_files,
     scan_demo_file,
     to_observation_convention,
 )
@@ -278,10 +277,35 @@ def scan_video_file(path: str | os.PathLike[str]) -> list[VideoInfo]:
     )
 
 
+def video_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The HDF5 files named by ``paths``: files as given, folders searched for ``*.hdf5``
+    with their subfolders (a recording's ``episodes/step_N/rank_R.hdf5``), sorted.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or nothing was found.
+    """
+    paths = list(paths)
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*.hdf5") if f.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"video path {path} does not exist")
+    if not files:
+        raise FileNotFoundError(
+            f"no *.hdf5 video files in {[str(p) for p in paths]} or their subfolders; record "
+            "them with configs/record_libero.yaml or generate demos with `embodied-rl demos`"
+        )
+    return files
+
+
 def scan_videos(paths: Iterable[str | os.PathLike[str]]) -> list[VideoInfo]:
-    """Every labelled video of ``paths`` (files, or folders searched for ``*.hdf5``), in
-    path order."""
-    return [info for path in find_demo_files(paths) for info in scan_video_file(path)]
+    """Every labelled video of ``paths`` (files, or folders searched for ``*.hdf5`` with their
+    subfolders), in path order."""
+    return [info for path in video_files(paths) for info in scan_video_file(path)]
 
 
 def read_clip(info: VideoInfo, indices: Sequence[int] | np.ndarray | None = None) -> np.ndarray:

@@ -227,6 +227,7 @@ NODE_FED_SECTIONS = (
     "simulator",
     "encoder",
     "srpo",
+    "record",  # what rollout.save_episodes writes (configs/record_libero.yaml)
     "agents",  # per-agent settings of a multi-agent DAG (e.g. each agent's workers)
 )
 TOP_LEVEL = (
