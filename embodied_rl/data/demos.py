@@ -184,6 +184,19 @@ def _instruction(path: Path, data: Any) -> str:
         ) from None
 
 
+def open_hdf5(path: Path, kind: str, error: type[ValueError], fix: str) -> Any:
+    """``h5py.File(path, "r")``; a missing file raises FileNotFoundError, a file that is not
+    HDF5 (truncated, garbage, a half-written copy) raises ``error`` naming ``fix``."""
+    import h5py
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind} {path} does not exist")
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise error(f"{path} cannot be read as HDF5 ({err}). Fix: {fix}") from None
+
+
 def scan_demo_file(path: str | Path) -> list[DemoInfo]:
     """Validate a demonstration file and list its demos (metadata only, no pixels read).
 
@@ -191,18 +204,13 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
         DemoFormatError: naming the file, the demo and the key that is missing or misshapen.
         FileNotFoundError: no such file.
     """
-    import h5py
-
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"demonstration file {path} does not exist")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as err:  # not HDF5: truncated, garbage, a half-written copy
-        raise DemoFormatError(
-            f"{path} cannot be read as HDF5 ({err}). Fix: copy or generate it again "
-            "(`embodied-rl demos`), or remove it from data.paths"
-        ) from None
+    handle = open_hdf5(
+        path,
+        "demonstration file",
+        DemoFormatError,
+        "copy or generate it again (`embodied-rl demos`), or remove it from data.paths",
+    )
     with handle as f:
         if "data" not in f:
             raise DemoFormatError(f"{path}: no 'data' group; is this a LIBERO demonstration file?")

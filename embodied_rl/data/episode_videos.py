@@ -32,6 +32,7 @@ import torch
 from embodied_rl.checks import check_range
 from embodied_rl.data.demos import (
     IMAGE_KEYS,
+    open_hdf5,
     scan_demo_file,
     to_observation_convention,
 )
@@ -252,18 +253,10 @@ def scan_video_file(path: str | os.PathLike[str]) -> list[VideoInfo]:
         DemoFormatError: a demo file breaks the LIBERO layout (from ``demos.py``).
         FileNotFoundError: no such file.
     """
-    import h5py
-
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"video file {path} does not exist")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as err:
-        raise EpisodeVideoError(
-            f"{path} cannot be read as HDF5 ({err}). Fix: record it again, or remove it from "
-            "the paths"
-        ) from None
+    handle = open_hdf5(
+        path, "video file", EpisodeVideoError, "record it again, or remove it from the paths"
+    )
     with handle as f:
         if "episodes" in f:
             return _scan_episode_file(path, f["episodes"])

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from embodied_rl.data.episode_videos import EpisodeVideo, write_episode_videos
+from tests.rollout.test_encoders import TINY_OPTIONS  # the tiny V-JEPA 2 (well under 1 s on CPU)
 
 BENCH = Path(__file__).resolve().parents[3] / "scripts" / "bench"
 
@@ -30,23 +31,6 @@ def _import_bench(name: str):
 
 lm = _import_bench("latent_metrics")
 wml = _import_bench("world_model_latents")
-
-# The tiny V-JEPA 2 of tests/rollout/test_encoders.py (runs in well under a second on CPU).
-TINY_VJEPA2 = {
-    "patch_size": 8,
-    "crop_size": 16,
-    "frames_per_clip": 4,
-    "tubelet_size": 2,
-    "hidden_size": 32,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 1,
-    "mlp_ratio": 2.0,
-    "pred_hidden_size": 16,
-    "pred_num_attention_heads": 2,
-    "pred_num_hidden_layers": 1,
-    "pred_num_mask_tokens": 1,
-}
-TINY_OPTIONS = {"config": TINY_VJEPA2, "num_frames": 4, "resize_short": 16, "crop_size": 16}
 
 
 def test_auc_hand_computed_with_ties():
