@@ -29,6 +29,7 @@ import abc
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -285,6 +286,42 @@ class VJepa2VideoEncoder(VideoEncoder):
         return out.last_hidden_state.float().mean(dim=1)  # mean over all tokens
 
 
+def _check_model_folder(folder: Path) -> None:
+    """A V-JEPA 2 directory must exist and hold ``config.json`` and safetensors weights."""
+    fix = (
+        "point options.path at a VJEPA2Model directory (published V-JEPA 2 weights downloaded "
+        "beforehand, or `embodied-rl export` of a pretrain_vjepa_libero run)"
+    )
+    if not folder.is_dir():
+        raise ValueError(f"video_encoder.vjepa2: {folder} is not a directory. Fix: {fix}")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"video_encoder.vjepa2: {folder / 'config.json'} is missing. Fix: {fix}")
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(
+            f"video_encoder.vjepa2: {folder} holds no *.safetensors weights. Fix: {fix}"
+        )
+
+
+def _check_options_fit(opts: VJepa2EncoderOptions, cfg: Any) -> None:
+    """The clip the encoder is fed must be the one the model was built for: its rotary
+    positions assume ``crop_size / patch_size`` patches a side, and a model pretrained on
+    ``frames_per_clip`` frames has never seen other clip lengths."""
+    where = f"{opts.path}/config.json" if opts.path is not None else "options.config"
+    if opts.num_frames % cfg.tubelet_size or opts.crop_size % cfg.patch_size:
+        raise ValueError(
+            f"num_frames ({opts.num_frames}) must be a multiple of tubelet_size "
+            f"({cfg.tubelet_size}) and crop_size ({opts.crop_size}) of patch_size "
+            f"({cfg.patch_size})"
+        )
+    for option, key in (("num_frames", "frames_per_clip"), ("crop_size", "crop_size")):
+        if getattr(opts, option) != getattr(cfg, key):
+            raise ValueError(
+                f"video_encoder.vjepa2: options.{option} is {getattr(opts, option)} but the "
+                f"model's {key} is {getattr(cfg, key)} ({where}). Fix: set options.{option}: "
+                f"{getattr(cfg, key)}"
+            )
+
+
 @VIDEO_ENCODERS.register(VJepa2VideoEncoder.name)
 def build_vjepa2_encoder(
     options: Mapping[str, Any] | None, device: torch.device | str
@@ -295,6 +332,7 @@ def build_vjepa2_encoder(
     opts: VJepa2EncoderOptions = _options(VJepa2EncoderOptions, options, "video_encoder.vjepa2")
     dtype = getattr(torch, opts.dtype)
     if opts.path is not None:
+        _check_model_folder(Path(opts.path).expanduser())
         model = VJEPA2Model.from_pretrained(
             opts.path, local_files_only=True, use_safetensors=True, dtype=dtype
         )
@@ -302,13 +340,7 @@ def build_vjepa2_encoder(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)
             model = VJEPA2Model(VJEPA2Config(**opts.config)).to(dtype)
-    cfg = model.config
-    if opts.num_frames % cfg.tubelet_size or opts.crop_size % cfg.patch_size:
-        raise ValueError(
-            f"num_frames ({opts.num_frames}) must be a multiple of tubelet_size "
-            f"({cfg.tubelet_size}) and crop_size ({opts.crop_size}) of patch_size "
-            f"({cfg.patch_size})"
-        )
+    _check_options_fit(opts, model.config)
     encoder = VJepa2VideoEncoder(model, opts).to(device)
     encoder.eval().requires_grad_(False)
     return encoder

@@ -72,11 +72,16 @@ class VJepa2WorldModel(nn.Module):
     def __init__(self, model: nn.Module, options: VJepa2WorldModelOptions) -> None:
         super().__init__()
         config = model.config
-        if options.crop_size != config.crop_size or options.num_frames % config.tubelet_size:
+        if (
+            options.crop_size != config.crop_size
+            or options.num_frames != config.frames_per_clip
+            or options.num_frames % config.tubelet_size
+        ):
             raise ValueError(
                 f"{NAME}: crop_size {options.crop_size} must equal the model's crop_size "
                 f"{config.crop_size} (the rotary positions use it) and num_frames "
-                f"{options.num_frames} must be a multiple of its tubelet_size "
+                f"{options.num_frames} its frames_per_clip {config.frames_per_clip} (the "
+                f"export says so to video_encoder.vjepa2), a multiple of its tubelet_size "
                 f"{config.tubelet_size}; set the options to the model's"
             )
         if options.crop_size % config.patch_size:

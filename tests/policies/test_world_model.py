@@ -160,8 +160,10 @@ def test_world_model_options_are_checked():
         build({**FRAMES}, CPU)
     with pytest.raises(ValueError, match="crop_size 16 must equal the model's crop_size 32"):
         build({"config": TINY, "num_frames": 4, "resize_short": 16, "crop_size": 16}, CPU)
-    with pytest.raises(ValueError, match="multiple of its tubelet_size"):
-        build({"config": TINY, **FRAMES, "num_frames": 3}, CPU)
+    with pytest.raises(ValueError, match="num_frames 2 its frames_per_clip 4"):
+        build({"config": TINY, **FRAMES, "num_frames": 2}, CPU)
+    with pytest.raises(ValueError, match="multiple of its tubelet_size 2"):
+        build({"config": {**TINY, "frames_per_clip": 3}, **FRAMES, "num_frames": 3}, CPU)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['frames'\]"):
         build({"config": TINY, **FRAMES, "frames": 4}, CPU)
 

@@ -174,6 +174,30 @@ def test_vjepa2_options_are_checked():
         build({**TINY_OPTIONS, "frames": 4}, CPU)
     with pytest.raises(ValueError, match="tubelet_size"):
         build({**TINY_OPTIONS, "num_frames": 3}, CPU)
+    with pytest.raises(
+        ValueError,
+        match=r"options.num_frames is 2 but the model's frames_per_clip is 4 \(options.config\). Fix: set options.num_frames: 4",
+    ):
+        build({**TINY_OPTIONS, "num_frames": 2}, CPU)
+    with pytest.raises(ValueError, match="options.crop_size is 8 but the model's crop_size is 16"):
+        build({**TINY_OPTIONS, "crop_size": 8, "resize_short": 8}, CPU)
+
+
+def test_vjepa2_model_folders_are_checked(tiny_vjepa2, tmp_path: Path):
+    """A missing folder, config or weights, and a clip the saved model was not built for, are
+    refused naming the file and the fix before anything loads."""
+    build = VIDEO_ENCODERS.get("video_encoder.vjepa2")
+    options = {"num_frames": 4, "resize_short": 16, "crop_size": 16}
+    with pytest.raises(ValueError, match=r"is not a directory. Fix: point options.path"):
+        build({**options, "path": str(tmp_path / "nothing")}, CPU)
+    with pytest.raises(ValueError, match=r"config.json is missing"):
+        build({**options, "path": str(tmp_path)}, CPU)
+    tiny_vjepa2.model.config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds no \*.safetensors weights"):
+        build({**options, "path": str(tmp_path)}, CPU)
+    tiny_vjepa2.model.save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(ValueError, match=rf"frames_per_clip is 4 \({tmp_path}/config.json\)"):
+        build({**options, "num_frames": 6, "path": str(tmp_path)}, CPU)
 
 
 def test_encode_video_node_micro_batches():
