@@ -34,7 +34,8 @@ Run::
     .venv/bin/python scripts/bench/world_model_latents.py --videos data/episodes \\
         --encoder pooled=video_encoder.cheap \\
         --encoder 'vjepa_random=video_encoder.vjepa2:{"config": {"hidden_size": 384,
-            "num_hidden_layers": 4, "num_attention_heads": 6, "crop_size": 64}, "num_frames": 16,
+            "num_hidden_layers": 4, "num_attention_heads": 6, "crop_size": 64,
+            "frames_per_clip": 16}, "num_frames": 16,
             "resize_short": 64, "crop_size": 64}' \\
         --encoder 'vjepa_pretrained=video_encoder.vjepa2:{"path": "models/vjepa_libero",
             "num_frames": 16, "resize_short": 64, "crop_size": 64}' \\
