@@ -179,6 +179,21 @@ def recordings(run_dir: Path) -> Path:
     return run_dir / "episodes"
 
 
+def plot(curve: list[dict[str, float]], out: Path | None) -> Path:
+    """The pretraining loss and the spread of the target latents (collapse would be ~0)."""
+    fig, axes = common.new_figure(ncols=2, width=10.0, height=3.6)
+    steps = [p["step"] + 1 for p in curve]
+    for ax, key, title in (
+        (axes[0], "world_model/loss", "V-JEPA loss (L1 in latent space)"),
+        (axes[1], "world_model/target_std", "target latent std (collapse: ~0)"),
+    ):
+        ax.plot(steps, [p.get(key, float("nan")) for p in curve], linewidth=1.0)
+        ax.set_xlabel("update")
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+    return common.save_figure(fig, NAME, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.runs = args.runs.resolve()
@@ -225,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "pretrain_curve": curve,
     }
     common.write_results(NAME, payload, args.out)
+    plot(curve, args.out)
     return 0
 
 
