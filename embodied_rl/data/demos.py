@@ -245,27 +245,39 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
     return infos
 
 
-def find_demo_files(paths: Iterable[str | Path]) -> list[Path]:
-    """HDF5 files named by ``paths``: files as given, folders searched for ``*.hdf5``.
+def find_hdf5_files(
+    paths: Iterable[str | Path], kind: str, hint: str, recursive: bool = False
+) -> list[Path]:
+    """HDF5 files named by ``paths``: files as given, folders searched for ``*.hdf5`` (with
+    their subfolders when ``recursive``), each folder's files sorted.
 
     Raises:
-        FileNotFoundError: a path does not exist, or nothing was found.
+        FileNotFoundError: a path does not exist, or nothing was found (``hint`` says how to
+            make ``kind`` files).
     """
+    paths = list(paths)
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
         if path.is_dir():
-            files += sorted(path.glob("*.hdf5"))
+            found = path.rglob("*.hdf5") if recursive else path.glob("*.hdf5")
+            files += sorted(f for f in found if f.is_file())
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(f"demonstration path {path} does not exist")
+            raise FileNotFoundError(f"{kind} path {path} does not exist")
     if not files:
+        where = " or their subfolders" if recursive else ""
         raise FileNotFoundError(
-            f"no *.hdf5 demonstration files in {[str(p) for p in paths]}; generate them with "
-            "`embodied-rl demos` or point at LIBERO's demo files"
+            f"no *.hdf5 {kind} files in {[str(p) for p in paths]}{where}; {hint}"
         )
     return files
+
+
+def find_demo_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Demonstration files named by ``paths`` (folders: their ``*.hdf5``, not recursive)."""
+    hint = "generate them with `embodied-rl demos` or point at LIBERO's demo files"
+    return find_hdf5_files(paths, "demonstration", hint)
 
 
 def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:

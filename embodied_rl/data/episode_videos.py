@@ -32,6 +32,7 @@ import torch
 from embodied_rl.checks import check_range
 from embodied_rl.data.demos import (
     IMAGE_KEYS,
+    find_hdf5_files,
     open_hdf5,
     scan_demo_file,
     to_observation_convention,
@@ -277,22 +278,8 @@ def video_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     Raises:
         FileNotFoundError: a path does not exist, or nothing was found.
     """
-    paths = list(paths)
-    files: list[Path] = []
-    for raw in paths:
-        path = Path(raw).expanduser()
-        if path.is_dir():
-            files += sorted(f for f in path.rglob("*.hdf5") if f.is_file())
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"video path {path} does not exist")
-    if not files:
-        raise FileNotFoundError(
-            f"no *.hdf5 video files in {[str(p) for p in paths]} or their subfolders; record "
-            "them with configs/record_libero.yaml or generate demos with `embodied-rl demos`"
-        )
-    return files
+    hint = "record them with configs/record_libero.yaml or generate demos with `embodied-rl demos`"
+    return find_hdf5_files(paths, "video", hint, recursive=True)
 
 
 def scan_videos(paths: Iterable[str | os.PathLike[str]]) -> list[VideoInfo]:
