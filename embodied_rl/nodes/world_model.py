@@ -60,7 +60,11 @@ class WorldModelTrainConfig:
         check_range("micro_batch_size", self.micro_batch_size, 1)
         check_range("ema_start", self.ema_start, 0.0, 1.0)
         check_range("ema_end", self.ema_end, self.ema_start, 1.0)
-        TubeMaskConfig(self.num_blocks, self.block_scale)  # checks them
+        self.mask_config()  # checks num_blocks and block_scale
+
+    def mask_config(self) -> TubeMaskConfig:
+        """The mask options of this node."""
+        return TubeMaskConfig(self.num_blocks, self.block_scale)
 
     def momentum(self, step: int, total_steps: int) -> float:
         """The target encoder's momentum after update ``step`` (0-based) of ``total_steps``."""
@@ -88,8 +92,9 @@ def world_model_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     rows = torch.tensor([float(batch_len(batch))], dtype=torch.float64, device=ctx.device)
     total_rows = ctx.all_reduce_sum(rows).item()
     generator = torch.Generator().manual_seed(ctx.seed("tube_mask"))
-    mask = TubeMaskConfig(cfg.num_blocks, cfg.block_scale)
-    loss = partial(_jepa_loss, ctx, model, mask=mask, generator=generator, total_rows=total_rows)
+    loss = partial(
+        _jepa_loss, ctx, model, mask=cfg.mask_config(), generator=generator, total_rows=total_rows
+    )
     grad_norm, skipped = mini_batch_update(ctx, cfg.model, batch, cfg.micro_batch_size, loss)
     if not skipped:
         ctx.metrics.log("world_model/grad_norm", grad_norm, reduce="max")
