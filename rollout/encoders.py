@@ -198,6 +198,9 @@ def build_cheap_encoder(options: Mapping[str, Any] | None, device: torch.device 
 # --- V-JEPA 2 -------------------------------------------------------------------------------
 
 
+POOLINGS = ("mean", "end", "mean_and_end")
+
+
 @dataclass
 class VJepa2EncoderOptions:
     """Options of ``video_encoder.vjepa2`` (defaults: the SRPO paper's ViT-g/384 setting).
@@ -212,6 +215,9 @@ class VJepa2EncoderOptions:
         crop_size: side of the centre crop (384); a multiple of the patch size.
         seed: initialisation seed of a random ``config`` model.
         dtype: weights and input dtype (``float32``, ``bfloat16``, ``float16``).
+        pooling: how the encoder's tokens become one vector: ``mean`` (all tokens, the SRPO
+            paper's choice; ``D`` = hidden size), ``end`` (the tokens of the last tubelet:
+            where the episode ended up) or ``mean_and_end`` (both, concatenated; ``2 D``).
     """
 
     path: str | None = None
@@ -221,8 +227,14 @@ class VJepa2EncoderOptions:
     crop_size: int = 384
     seed: int = 0
     dtype: str = "float32"
+    pooling: str = "mean"
 
     def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"video_encoder.vjepa2: pooling must be one of {', '.join(POOLINGS)}, "
+                f"got {self.pooling!r}"
+            )
         if (self.path is None) == (self.config is None):
             raise ValueError("video_encoder.vjepa2 needs exactly one of 'path' or 'config'")
         check_fields(self, ("num_frames", "crop_size"), 1)
@@ -262,10 +274,11 @@ def preprocess_clips(clips: torch.Tensor, resize_short: int, crop_size: int) -> 
 
 
 class VJepa2VideoEncoder(VideoEncoder):
-    """V-JEPA 2 encoder: sampled, preprocessed frames -> token outputs mean-pooled to (D,).
+    """V-JEPA 2 encoder: sampled, preprocessed frames -> token outputs pooled to one vector.
 
-    Only the encoder runs (``skip_predictor=True``); ``D`` is the model's hidden size (1408
-    for ViT-g).
+    Only the encoder runs (``skip_predictor=True``). ``options.pooling`` picks the tokens that
+    are averaged (see :class:`VJepa2EncoderOptions`); the vector has the model's hidden size
+    (1408 for ViT-g), twice that for ``mean_and_end``.
     """
 
     name = "video_encoder.vjepa2"
@@ -274,7 +287,8 @@ class VJepa2VideoEncoder(VideoEncoder):
         super().__init__()
         self.model = model
         self.options = options
-        self.embedding_dim = int(model.config.hidden_size)
+        width = 2 if options.pooling == "mean_and_end" else 1
+        self.embedding_dim = width * int(model.config.hidden_size)
 
     def encode_valid(self, frames: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """(B, T, H, W, 3) uint8, lengths (B,) in [1, T] -> (B, hidden_size) float32."""
@@ -283,7 +297,21 @@ class VJepa2VideoEncoder(VideoEncoder):
         pixels = preprocess_clips(clips, opts.resize_short, opts.crop_size)
         dtype = next(self.model.parameters()).dtype
         out = self.model(pixel_values_videos=pixels.to(dtype), skip_predictor=True)
-        return out.last_hidden_state.float().mean(dim=1)  # mean over all tokens
+        return pool_tokens(out.last_hidden_state.float(), self.model.config, opts.pooling)
+
+
+def pool_tokens(tokens: torch.Tensor, cfg: Any, pooling: str) -> torch.Tensor:
+    """(B, N, D) encoder tokens -> (B, D) (``mean``, ``end``) or (B, 2 D) (``mean_and_end``).
+
+    The patch embedding flattens (time, height, width) with time outermost, so the last
+    tubelet's tokens are the last ``(crop_size // patch_size) ** 2``.
+    """
+    everything = tokens.mean(dim=1)
+    if pooling == "mean":
+        return everything
+    per_tubelet = (cfg.crop_size // cfg.patch_size) ** 2
+    end = tokens[:, -per_tubelet:].mean(dim=1)
+    return end if pooling == "end" else torch.cat([everything, end], dim=1)
 
 
 def _check_model_folder(folder: Path) -> None:

@@ -14,6 +14,7 @@ from embodied_rl.nodes.encode import EncodeVideoConfig, encode_video_node
 from embodied_rl.registry import NODE_TYPES, VIDEO_ENCODERS
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from rollout.encoders import (
+    pool_tokens,
     preprocess_clips,
     sample_clips,
     sample_frame_indices,
@@ -155,6 +156,30 @@ def test_vjepa2_encoder_shapes_invalid_rows_and_pipeline(tiny_vjepa2):
     padded[2, 2:] = 0
     torch.testing.assert_close(tiny_vjepa2.encode(padded, lengths), out)
     assert not any(p.requires_grad for p in tiny_vjepa2.parameters())
+
+
+def test_pool_tokens_by_hand():
+    """2 tubelets of (16 / 8)^2 = 4 tokens each, time outermost: the last 4 tokens are the end."""
+    tokens = torch.arange(16, dtype=torch.float32).reshape(1, 8, 2)  # token i = (2i, 2i + 1)
+    cfg = type("Cfg", (), {"crop_size": 16, "patch_size": 8})
+    assert pool_tokens(tokens, cfg, "mean").tolist() == [[7.0, 8.0]]  # mean of 0, 2, ..., 14
+    assert pool_tokens(tokens, cfg, "end").tolist() == [[11.0, 12.0]]  # tokens 4..7
+    assert pool_tokens(tokens, cfg, "mean_and_end").tolist() == [[7.0, 8.0, 11.0, 12.0]]
+
+
+def test_vjepa2_pooling_options(tiny_vjepa2):
+    build = VIDEO_ENCODERS.get("video_encoder.vjepa2")
+    both = build({**TINY_OPTIONS, "pooling": "mean_and_end"}, CPU)
+    end = build({**TINY_OPTIONS, "pooling": "end"}, CPU)  # same seed: the same weights
+    assert (both.embedding_dim, end.embedding_dim) == (64, 32)
+    frames, lengths = _random_frames(2, 6, seed=2), torch.tensor([6, 0])
+    out = both.encode(frames, lengths)
+    assert out.shape == (2, 64) and out[1].tolist() == [0.0] * 64
+    torch.testing.assert_close(out[:, :32], tiny_vjepa2.encode(frames, lengths))
+    torch.testing.assert_close(out[:, 32:], end.encode(frames, lengths))
+    assert not torch.allclose(out[0, :32], out[0, 32:])
+    with pytest.raises(ValueError, match="pooling must be one of mean, end, mean_and_end"):
+        build({**TINY_OPTIONS, "pooling": "max"}, CPU)
 
 
 def test_vjepa2_loads_local_safetensors(tiny_vjepa2, tmp_path: Path):
