@@ -1,0 +1,268 @@
+"""SRPO with a pretrained world model vs the pooled-pixel embedding vs binary GRPO, 3 seeds each.
+
+Issue 29's replicated comparison, on the init-state splits of ``embodied_rl/data/tasks.py``:
+``train`` (RL samples them), ``validation`` (the only states looked at while choosing
+settings; evaluated during RL) and ``test`` (evaluated once, at the end of each run: the
+reported number). All runs start from the same one-demo SFT checkpoint
+(``world_model_pretraining.py``'s ``sft``: ``policy=mlp_image``, one scripted demo per task):
+
+1. ``start``: the SFT checkpoint's greedy success on the validation split of every task;
+   the ``--num-tasks`` tasks where it is lowest (successes rare: the regime SRPO was designed
+   for) are the RL tasks, unless ``--tasks`` names them. Then its test-split success on them.
+2. for each method and seed: RL from the checkpoint on those tasks for ``--rl-minutes`` of
+   training wall time (``trainer.time_limit_min``), validation evaluations every
+   ``--eval-every`` steps, then one greedy evaluation of the test split (``eval_test``) and
+   of the training states (``eval_train``):
+   - ``srpo_world_model``: ``srpo_libero`` with ``video_encoder.vjepa2`` loading the export of
+     the pretrained world model (``--world-model``);
+   - ``srpo_pooled_pixels``: ``srpo_libero`` with ``video_encoder.cheap``;
+   - ``grpo``: ``grpo_libero`` (binary success reward).
+   The seed (``seed=``) sets the rollouts' sampling and the task order; the SFT start is shared.
+
+A finished run (its ``eval_test`` results exist) is reused, so the benchmark resumes where it
+stopped; ``--fresh`` reruns. Every command is recorded in the JSON with the per-seed curves;
+the table gives mean and spread (sample standard deviation over seeds) of test success.
+
+Run (about 50 minutes per (method, seed) on 2 idle cores; 9 runs)::
+
+    .venv/bin/python scripts/bench/srpo_world_model.py \\
+        --sft outputs/world_model_pretraining/sft \\
+        --world-model outputs/world_model_pretraining/vjepa_libero
+    .venv/bin/python scripts/bench/srpo_world_model.py ... --methods grpo --seeds 1   # one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import common
+from libero_learning import cli, evaluations, read_jsonl, run
+from world_model_pretraining import ENCODER_FRAMES
+
+NAME = "srpo_world_model"
+METHODS = ("srpo_world_model", "srpo_pooled_pixels", "grpo")
+HELDOUT_EVERY = 5  # as world_model_pretraining: its validation videos are this split's
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sft", type=Path, required=True, help="the one-demo SFT run")
+    parser.add_argument("--world-model", type=Path, required=True, help="embodied-rl export dir")
+    parser.add_argument("--suite", default="libero_object")
+    parser.add_argument("--tasks", type=int, nargs="+", default=None, help="default: weakest")
+    parser.add_argument("--num-tasks", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rl-minutes", type=float, default=45.0)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=160)
+    parser.add_argument("--temperature", type=float, default=0.3)
+    parser.add_argument("--rl-lr", type=float, default=2e-4)
+    parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
+    parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
+    parser.add_argument("--fresh", action="store_true")
+    return parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- commands
+def shared(args: argparse.Namespace, tasks: list[int] | None) -> list[str]:
+    chosen = [f"data.tasks=[{','.join(str(t) for t in tasks)}]"] if tasks is not None else []
+    return [
+        "policy=mlp_image",
+        f"simulator.options.suite={args.suite}",
+        f"simulator.options.max_steps={args.max_steps}",
+        "+simulator.options.max_cached_tasks=2",
+        f"data.heldout_every={HELDOUT_EVERY}",
+        *chosen,
+        "eval.max_videos=4",
+    ]
+
+
+def eval_command(
+    args: argparse.Namespace, config: str, run_dir: Path, tasks: list[int] | None, split: str
+) -> list[str]:
+    """Greedy episodes, one per (task, init state) of ``split``, of the run's checkpoint."""
+    pairs = 10 if tasks is None else len(tasks)  # tasks per suite: 10
+    per_task = sum(1 for i in range(50) if _split_of(i) == split)
+    return cli(
+        "eval", "--config-name", config, "--no-progress", *shared(args, tasks),
+        f"eval.split={split}", f"eval.name=eval_{split}",
+        f"eval.batch_size={pairs * per_task}",
+        f"run_dir={run_dir}",
+    )  # fmt: skip
+
+
+def _split_of(init_state: int) -> str:
+    from embodied_rl.data.tasks import split_of
+
+    return split_of(init_state, HELDOUT_EVERY)
+
+
+def rl_command(
+    args: argparse.Namespace, method: str, seed: int, tasks: list[int], run_dir: Path
+) -> list[str]:
+    config = "grpo_libero" if method == "grpo" else "srpo_libero"
+    encoder = []
+    if method == "srpo_world_model":
+        options = {"path": str(args.world_model.resolve()), **ENCODER_FRAMES}
+        encoder = ["models.video_encoder.policy=video_encoder.vjepa2"]
+        encoder += [f"+models.video_encoder.options.{k}={v}" for k, v in options.items()]
+    validation = sum(1 for i in range(50) if _split_of(i) == "validation") * len(tasks)
+    return cli(
+        "train", "--config-name", config, "--no-progress", *shared(args, tasks), *encoder,
+        f"seed={seed}",
+        f"models.actor.init_from={args.sft.resolve()}",
+        "data.batch_size=8", "rollout.group_size=8", "rollout.num_envs=4",
+        f"rollout.temperature={args.temperature}",
+        f"models.actor.optimizer.lr={args.rl_lr}",
+        "models.actor.optimizer.warmup_steps=8",
+        "algorithm.actor.loss_agg_mode=seq-mean-token-mean",
+        "algorithm.actor.ppo_epochs=2", "algorithm.actor.num_mini_batches=2",
+        "algorithm.actor.micro_batch_size=64",
+        "trainer.total_steps=10000", f"trainer.time_limit_min={args.rl_minutes}",
+        f"trainer.checkpoint_every={args.eval_every}", f"eval.every={args.eval_every}",
+        "eval.split=validation", f"eval.batch_size={validation}",
+        f"run_dir={run_dir}",
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ results
+def success(run_dir: Path, name: str, step: int | None = None) -> dict[str, Any] | None:
+    """``{successes, episodes, rate}`` of an evaluation (its newest step by default)."""
+    results = evaluations(run_dir, name)
+    if not results:
+        return None
+    entry = results[max(results) if step is None else step]
+    return {**entry, "rate": entry["successes"] / max(1, entry["episodes"])}
+
+
+def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float]]:
+    """The ``count`` tasks with the lowest validation success (ties: lower task id)."""
+    folders = sorted(run_dir.glob("eval_validation*/eval_validation")) or [
+        run_dir / "eval_validation"
+    ]
+    per_task: dict[int, list[int]] = {}
+    for row in read_jsonl(folders[-1] / "results.jsonl"):
+        entry = per_task.setdefault(int(row["task"]), [0, 0])
+        entry[0] += int(row["successes"])
+        entry[1] += int(row["episodes"])
+    rates = {task: s / max(1, n) for task, (s, n) in sorted(per_task.items())}
+    return sorted(rates, key=lambda t: (rates[t], t))[:count], rates
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method: test success mean and sample std over seeds, and the per-seed values."""
+    table = []
+    for method in METHODS:
+        tests = [r["test"]["rate"] for r in rows if r["method"] == method and r.get("test")]
+        if not tests:
+            continue
+        table.append(
+            {
+                "method": method,
+                "seeds": len(tests),
+                "test_mean": statistics.mean(tests),
+                "test_std": statistics.stdev(tests) if len(tests) > 1 else float("nan"),
+                "per_seed": " ".join(f"{100 * t:.0f}" for t in tests),
+            }
+        )
+    return table
+
+
+def plot(rows: list[dict[str, Any]], start: float, out: Path | None) -> Path:
+    fig, axes = common.new_figure(width=6.0, height=4.0)
+    ax = axes[0]
+    ax.axhline(100 * start, color="grey", linestyle="--", label=f"SFT start ({100 * start:.0f}%)")
+    colours = dict(zip(METHODS, ("tab:green", "tab:orange", "tab:blue")))
+    for row in rows:
+        xs = [0] + [p["step"] for p in row["curve"]]
+        ys = [100 * start] + [100 * p["rate"] for p in row["curve"]]
+        label = row["method"] if row["seed"] == min(r["seed"] for r in rows) else None
+        ax.plot(xs, ys, color=colours[row["method"]], marker="o", alpha=0.7, label=label)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("validation success (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="lower right")
+    ax.set_title("SRPO reward encoders vs GRPO (one line per seed)")
+    return common.save_figure(fig, NAME, out)
+
+
+# ------------------------------------------------------------------------------- phases
+def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[list[int], dict]:
+    """Validation success of the SFT start on every task; the RL tasks; their test success."""
+    if success(args.sft, "eval_validation") is None or args.fresh:
+        command = eval_command(args, "sft_libero", args.sft, None, "validation")
+        commands["start_validation"] = " ".join(command[2:])
+        run(command, args.runs / "logs" / "start_validation.log")
+    tasks, rates = weakest_tasks(args.sft, args.num_tasks)
+    tasks = args.tasks if args.tasks is not None else tasks
+    start_test = args.runs / "start_test"  # the test split of the RL tasks, in its own folder
+    if success(start_test, "eval_test") is None or args.fresh:
+        shutil.rmtree(start_test, ignore_errors=True)
+        shutil.copytree(args.sft, start_test, ignore=shutil.ignore_patterns("eval*"))
+        command = eval_command(args, "sft_libero", start_test, tasks, "test")
+        commands["start_test"] = " ".join(command[2:])
+        run(command, args.runs / "logs" / "start_test.log")
+    return tasks, {"validation_by_task": rates, "test": success(start_test, "eval_test")}
+
+
+def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int]) -> dict[str, Any]:
+    run_dir = args.runs / f"{method}_seed{seed}"
+    commands = {"train": rl_command(args, method, seed, tasks, run_dir)}
+    config = "grpo_libero" if method == "grpo" else "srpo_libero"
+    for split in ("test", "train"):
+        commands[split] = eval_command(args, config, run_dir, tasks, split)
+    if args.fresh or success(run_dir, "eval_test") is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for name, command in commands.items():
+            run(command, args.runs / "logs" / f"{method}_seed{seed}_{name}.log")
+    validation = evaluations(run_dir, "eval")
+    curve = [
+        {"step": step + 1, "rate": e["successes"] / max(1, e["episodes"])}
+        for step, e in sorted(validation.items())
+    ]
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    return {
+        "method": method,
+        "seed": seed,
+        "test": success(run_dir, "eval_test"),
+        "train": success(run_dir, "eval_train"),
+        "validation_last": curve[-1]["rate"] if curve else None,
+        "curve": curve,
+        "rl_steps": len(metrics),
+        "rl_minutes": metrics[-1].get("time/elapsed_s", 0.0) / 60.0 if metrics else 0.0,
+        "commands": {k: " ".join(v[2:]) for k, v in commands.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.runs = args.runs.resolve()
+    args.runs.mkdir(parents=True, exist_ok=True)
+    commands: dict[str, str] = {}
+    tasks, start = start_phase(args, commands)
+    print(f"RL tasks {tasks}; SFT start validation by task {start['validation_by_task']}")
+    rows = [rl_phase(args, method, seed, tasks) for method in args.methods for seed in args.seeds]
+    table = summarise(rows)
+    common.print_table(table, ["method", "seeds", "test_mean", "test_std", "per_seed"])
+    payload = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "tasks": tasks,
+        "start": start,
+        "start_commands": commands,
+        "table": table,
+        "runs": rows,
+    }
+    common.write_results(NAME, payload, args.out)
+    plot(rows, start["test"]["rate"] if start["test"] else 0.0, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
