@@ -34,7 +34,6 @@ Run (about 50 minutes per (method, seed) on 2 idle cores; 9 runs)::
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
