@@ -11,8 +11,7 @@ reported number). All runs start from the same one-demo SFT checkpoint
    for) are the RL tasks, unless ``--tasks`` names them. Then its test-split success on them.
 2. for each method and seed: RL from the checkpoint on those tasks for ``--rl-minutes`` of
    training wall time (``trainer.time_limit_min``), validation evaluations every
-   ``--eval-every`` steps, then one greedy evaluation of the test split (``eval_test``) and
-   of the training states (``eval_train``):
+   ``--eval-every`` steps, then one greedy evaluation of the test split (``eval_test``):
    - ``srpo_world_model``: ``srpo_libero`` with ``video_encoder.vjepa2`` loading the export of
      the pretrained world model (``--world-model``);
    - ``srpo_pooled_pixels``: ``srpo_libero`` with ``video_encoder.cheap``;
@@ -23,7 +22,12 @@ A finished run (its ``eval_test`` results exist) is reused, so the benchmark res
 stopped; ``--fresh`` reruns. Every command is recorded in the JSON with the per-seed curves;
 the table gives mean and spread (sample standard deviation over seeds) of test success.
 
-Run (about 50 minutes per (method, seed) on 2 idle cores; 9 runs)::
+The world model's encoder pools its tokens with ``--world-model-pooling`` (default
+``mean_and_end``: chosen on the validation videos of ``world_model_latents.py``, where it
+separated successes best among the pretrained model's poolings; BENCHMARKS.md).
+
+Run (about 35 minutes per (method, seed) on 2 idle cores: 30 of RL, then the test
+evaluation; 9 runs, resumable, so a session can take a few of them)::
 
     .venv/bin/python scripts/bench/srpo_world_model.py \\
         --sft outputs/world_model_pretraining/sft \\
@@ -58,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-tasks", type=int, default=2)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rl-minutes", type=float, default=45.0)
+    parser.add_argument("--world-model-pooling", default="mean_and_end")
+    parser.add_argument("--rl-minutes", type=float, default=30.0)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.3)
@@ -109,7 +114,11 @@ def rl_command(
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
     encoder = []
     if method == "srpo_world_model":
-        options = {"path": str(args.world_model.resolve()), **ENCODER_FRAMES}
+        options = {
+            "path": str(args.world_model.resolve()),
+            "pooling": args.world_model_pooling,
+            **ENCODER_FRAMES,
+        }
         encoder = ["models.video_encoder.policy=video_encoder.vjepa2"]
         encoder += [f"+models.video_encoder.options.{k}={v}" for k, v in options.items()]
     validation = sum(1 for i in range(50) if _split_of(i) == "validation") * len(tasks)
@@ -215,8 +224,7 @@ def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int])
     run_dir = args.runs / f"{method}_seed{seed}"
     commands = {"train": rl_command(args, method, seed, tasks, run_dir)}
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
-    for split in ("test", "train"):
-        commands[split] = eval_command(args, config, run_dir, tasks, split)
+    commands["test"] = eval_command(args, config, run_dir, tasks, "test")
     if args.fresh or success(run_dir, "eval_test") is None:
         shutil.rmtree(run_dir, ignore_errors=True)
         for name, command in commands.items():
@@ -231,7 +239,6 @@ def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int])
         "method": method,
         "seed": seed,
         "test": success(run_dir, "eval_test"),
-        "train": success(run_dir, "eval_train"),
         "validation_last": curve[-1]["rate"] if curve else None,
         "curve": curve,
         "rl_steps": len(metrics),
@@ -247,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, str] = {}
     tasks, start = start_phase(args, commands)
     print(f"RL tasks {tasks}; SFT start validation by task {start['validation_by_task']}")
-    rows = [rl_phase(args, method, seed, tasks) for method in args.methods for seed in args.seeds]
+    # seed-major: a session that stops early has every method at the same number of seeds
+    rows = [rl_phase(args, method, seed, tasks) for seed in args.seeds for method in args.methods]
     table = summarise(rows)
     common.print_table(table, ["method", "seeds", "test_mean", "test_std", "per_seed"])
     payload = {

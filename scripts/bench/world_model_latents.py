@@ -341,7 +341,9 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> Path:
         if prog["curve_mean"] is not None:
             right.plot(prog["fractions"], prog["curve_mean"], "o-", color=color, label=r["label"])
     left.axhline(0.5, color="grey", linestyle="--", linewidth=1)
-    left.set_xticks(range(len(results)), [r["label"] for r in results])
+    # more than three names side by side overlap: slant them
+    slant = {"rotation": 25, "ha": "right"} if len(results) > 3 else {}
+    left.set_xticks(range(len(results)), [r["label"] for r in results], **slant)
     left.set_ylim(0, 1.2)
     left.set_yticks(np.linspace(0, 1, 6))
     left.set_ylabel("AUC: success vs failure (0.5 = chance)")

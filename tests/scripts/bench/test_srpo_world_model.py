@@ -1,0 +1,85 @@
+"""``scripts/bench/srpo_world_model.py``: how it picks the RL tasks, the commands of each method
+(the world model only where it belongs, every split's episode count) and the table's numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tests.scripts.bench.test_world_model_latents import _import_bench
+
+swm = _import_bench("srpo_world_model")
+
+
+def _args(tmp_path: Path, *extra: str):
+    return swm.parse_args(
+        ["--sft", str(tmp_path / "sft"), "--world-model", str(tmp_path / "wm"), *extra]
+    )
+
+
+def _write_eval(run_dir: Path, folder: str, rows: list[tuple[int, int, int, int]]) -> None:
+    """``rows``: (step, task, successes, episodes) of an evaluation's results.jsonl."""
+    path = run_dir / folder / "results.jsonl"
+    path.parent.mkdir(parents=True)
+    lines = [
+        json.dumps({"step": s, "task": t, "successes": k, "episodes": n}) for s, t, k, n in rows
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_weakest_tasks_from_the_newest_validation_eval(tmp_path: Path):
+    sft = tmp_path / "sft"
+    # an older standalone evaluation that must be ignored
+    _write_eval(sft, "eval_validation_20261127-080000-000001/eval_validation", [(0, 0, 0, 5)])
+    newest = [(0, 0, 4, 5), (0, 1, 1, 5), (0, 2, 1, 5), (0, 3, 0, 5), (0, 4, 5, 5)]
+    _write_eval(sft, "eval_validation_20261127-090000-000001/eval_validation", newest)
+    tasks, rates = swm.weakest_tasks(sft, 2)
+    assert tasks == [3, 1]  # 0/5, then the lower id of the two 1/5 tasks
+    assert rates == {0: 0.8, 1: 0.2, 2: 0.2, 3: 0.0, 4: 1.0}
+    assert swm.weakest_tasks(sft, 3)[0] == [3, 1, 2]
+
+
+def test_methods_commands(tmp_path: Path):
+    args = _args(tmp_path, "--rl-minutes", "12", "--world-model-pooling", "end")
+    run_dir = tmp_path / "runs" / "x"
+    commands = {m: swm.rl_command(args, m, 1, [3, 7], run_dir) for m in swm.METHODS}
+    encoder_entry = "models.video_encoder.policy=video_encoder.vjepa2"
+    assert encoder_entry in commands["srpo_world_model"]
+    assert f"+models.video_encoder.options.path={(tmp_path / 'wm').resolve()}" in (
+        commands["srpo_world_model"]
+    )
+    assert "+models.video_encoder.options.pooling=end" in commands["srpo_world_model"]
+    for method in ("srpo_pooled_pixels", "grpo"):
+        assert not any("video_encoder" in part for part in commands[method])
+    assert commands["grpo"][commands["grpo"].index("--config-name") + 1] == "grpo_libero"
+    for command in commands.values():
+        # the same start, tasks, seed, budget and validation split for every method
+        assert f"models.actor.init_from={(tmp_path / 'sft').resolve()}" in command
+        assert "data.tasks=[3,7]" in command and "seed=1" in command
+        assert "trainer.time_limit_min=12.0" in command
+        # held out every 5th state: validation 4, 14, ..., 44 -> 5 per task, 2 tasks
+        assert "eval.split=validation" in command and "eval.batch_size=10" in command
+    test = swm.eval_command(args, "srpo_libero", run_dir, [3, 7], "test")
+    assert "eval.split=test" in test and "eval.batch_size=10" in test
+    assert "eval.name=eval_test" in test and "data.tasks=[3,7]" in test
+    every_task = swm.eval_command(args, "sft_libero", run_dir, None, "validation")
+    assert "eval.batch_size=50" in every_task
+    assert not any(part.startswith("data.tasks") for part in every_task)
+
+
+def test_summary_mean_and_sample_spread():
+    def row(method: str, seed: int, successes: int) -> dict:
+        return {"method": method, "seed": seed, "test": {"rate": successes / 10}}
+
+    rows = [row("grpo", s, k) for s, k in enumerate((2, 4, 9))]
+    rows += [row("srpo_world_model", 0, 5), {"method": "srpo_pooled_pixels", "test": None}]
+    table = {r["method"]: r for r in swm.summarise(rows)}
+    assert set(table) == {"grpo", "srpo_world_model"}  # a run without a test is not counted
+    grpo = table["grpo"]
+    assert grpo["seeds"] == 3 and math.isclose(grpo["test_mean"], 0.5)
+    # sample std of (0.2, 0.4, 0.9): sqrt(((-.3)^2 + (-.1)^2 + .4^2) / 2) = sqrt(0.13)
+    assert math.isclose(grpo["test_std"], math.sqrt(0.13))
+    assert grpo["per_seed"] == "20 40 90"
+    assert table["srpo_world_model"]["seeds"] == 1
+    assert math.isnan(table["srpo_world_model"]["test_std"])
