@@ -46,9 +46,8 @@ def test_methods_commands(tmp_path: Path):
     commands = {m: swm.rl_command(args, m, 1, [3, 7], run_dir) for m in swm.METHODS}
     encoder_entry = "models.video_encoder.policy=video_encoder.vjepa2"
     assert encoder_entry in commands["srpo_world_model"]
-    assert f"+models.video_encoder.options.path={(tmp_path / 'wm').resolve()}" in (
-        commands["srpo_world_model"]
-    )
+    world_model = f"+models.video_encoder.options.path={(tmp_path / 'wm').resolve()}"
+    assert world_model in commands["srpo_world_model"]
     assert "+models.video_encoder.options.pooling=end" in commands["srpo_world_model"]
     for method in ("srpo_pooled_pixels", "grpo"):
         assert not any("video_encoder" in part for part in commands[method])
