@@ -7,8 +7,9 @@ reported number). All runs start from the same one-demo SFT checkpoint
 (``world_model_pretraining.py``'s ``sft``: ``policy=mlp_image``, one scripted demo per task):
 
 1. ``start``: the SFT checkpoint's greedy success on the validation split of every task;
-   the ``--num-tasks`` tasks where it is lowest (successes rare: the regime SRPO was designed
-   for) are the RL tasks, unless ``--tasks`` names them. Then its test-split success on them.
+   the ``--num-tasks`` tasks where it is lowest but not zero (successes rare: the regime SRPO
+   was designed for; with none, neither reward has a signal) are the RL tasks, unless
+   ``--tasks`` names them. Then its test-split success on them.
 2. for each method and seed: RL from the checkpoint on those tasks for ``--rl-minutes`` of
    training wall time (``trainer.time_limit_min``), validation evaluations every
    ``--eval-every`` steps, then one greedy evaluation of the test split (``eval_test``):
@@ -18,9 +19,10 @@ reported number). All runs start from the same one-demo SFT checkpoint
    - ``grpo``: ``grpo_libero`` (binary success reward).
    The seed (``seed=``) sets the rollouts' sampling and the task order; the SFT start is shared.
 
-A finished run (its ``eval_test`` results exist) is reused, so the benchmark resumes where it
-stopped; ``--fresh`` reruns. Every command is recorded in the JSON with the per-seed curves;
-the table gives mean and spread (sample standard deviation over seeds) of test success.
+A finished run (its ``eval_test`` results exist, in ``<runs>/tasks_<ids>/<method>_seed<N>``)
+is reused, so the benchmark resumes where it stopped; ``--fresh`` reruns. Every command is
+recorded in the JSON with the per-seed curves; the table gives mean and spread (sample
+standard deviation over seeds) of test success.
 
 The world model's encoder pools its tokens with ``--world-model-pooling`` (default
 ``mean_and_end``: chosen on the validation videos of ``world_model_latents.py``, where it
@@ -151,7 +153,12 @@ def success(run_dir: Path, name: str, step: int | None = None) -> dict[str, Any]
 
 
 def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float]]:
-    """The ``count`` tasks with the lowest validation success (ties: lower task id)."""
+    """The ``count`` tasks with the lowest validation success above zero (ties: lower id).
+
+    A task the start never solves is left out: both rewards learn only from groups with a
+    success in them (GRPO's advantages are all zero otherwise, and SRPO scores a failure by
+    its distance to the group's successes), so RL there measures nothing.
+    """
     folders = sorted(run_dir.glob("eval_validation*/eval_validation")) or [
         run_dir / "eval_validation"
     ]
@@ -161,7 +168,8 @@ def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float
         entry[0] += int(row["successes"])
         entry[1] += int(row["episodes"])
     rates = {task: s / max(1, n) for task, (s, n) in sorted(per_task.items())}
-    return sorted(rates, key=lambda t: (rates[t], t))[:count], rates
+    solved = [task for task, rate in rates.items() if rate > 0]
+    return sorted(solved, key=lambda t: (rates[t], t))[:count], rates
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -202,6 +210,11 @@ def plot(rows: list[dict[str, Any]], start: float, out: Path | None) -> Path:
 
 
 # ------------------------------------------------------------------------------- phases
+def tasks_folder(args: argparse.Namespace, tasks: list[int]) -> Path:
+    """Where the runs on ``tasks`` live: another task choice never reuses their results."""
+    return args.runs / ("tasks_" + "_".join(str(t) for t in tasks))
+
+
 def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[list[int], dict]:
     """Validation success of the SFT start on every task; the RL tasks; their test success."""
     if success(args.sft, "eval_validation") is None or args.fresh:
@@ -210,25 +223,25 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
         run(command, args.runs / "logs" / "start_validation.log")
     tasks, rates = weakest_tasks(args.sft, args.num_tasks)
     tasks = args.tasks if args.tasks is not None else tasks
-    start_test = args.runs / "start_test"  # the test split of the RL tasks, in its own folder
+    start_test = tasks_folder(args, tasks) / "start_test"  # the RL tasks' test split
     if success(start_test, "eval_test") is None or args.fresh:
         shutil.rmtree(start_test, ignore_errors=True)
         shutil.copytree(args.sft, start_test, ignore=shutil.ignore_patterns("eval*"))
         command = eval_command(args, "sft_libero", start_test, tasks, "test")
         commands["start_test"] = " ".join(command[2:])
-        run(command, args.runs / "logs" / "start_test.log")
+        run(command, tasks_folder(args, tasks) / "logs" / "start_test.log")
     return tasks, {"validation_by_task": rates, "test": success(start_test, "eval_test")}
 
 
 def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int]) -> dict[str, Any]:
-    run_dir = args.runs / f"{method}_seed{seed}"
+    run_dir = tasks_folder(args, tasks) / f"{method}_seed{seed}"
     commands = {"train": rl_command(args, method, seed, tasks, run_dir)}
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
     commands["test"] = eval_command(args, config, run_dir, tasks, "test")
     if args.fresh or success(run_dir, "eval_test") is None:
         shutil.rmtree(run_dir, ignore_errors=True)
         for name, command in commands.items():
-            run(command, args.runs / "logs" / f"{method}_seed{seed}_{name}.log")
+            run(command, run_dir.parent / "logs" / f"{method}_seed{seed}_{name}.log")
     validation = evaluations(run_dir, "eval")
     curve = [
         {"step": step + 1, "rate": e["successes"] / max(1, e["episodes"])}

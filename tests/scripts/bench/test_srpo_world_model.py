@@ -32,12 +32,12 @@ def test_weakest_tasks_from_the_newest_validation_eval(tmp_path: Path):
     sft = tmp_path / "sft"
     # an older standalone evaluation that must be ignored
     _write_eval(sft, "eval_validation_20261127-080000-000001/eval_validation", [(0, 0, 0, 5)])
-    newest = [(0, 0, 4, 5), (0, 1, 1, 5), (0, 2, 1, 5), (0, 3, 0, 5), (0, 4, 5, 5)]
+    newest = [(0, 0, 4, 5), (0, 1, 1, 5), (0, 2, 1, 5), (0, 3, 0, 5), (0, 4, 5, 5), (0, 5, 2, 5)]
     _write_eval(sft, "eval_validation_20261127-090000-000001/eval_validation", newest)
     tasks, rates = swm.weakest_tasks(sft, 2)
-    assert tasks == [3, 1]  # 0/5, then the lower id of the two 1/5 tasks
-    assert rates == {0: 0.8, 1: 0.2, 2: 0.2, 3: 0.0, 4: 1.0}
-    assert swm.weakest_tasks(sft, 3)[0] == [3, 1, 2]
+    assert tasks == [1, 2]  # the two 1/5 tasks; task 3 (0/5) gives RL no signal
+    assert rates == {0: 0.8, 1: 0.2, 2: 0.2, 3: 0.0, 4: 1.0, 5: 0.4}
+    assert swm.weakest_tasks(sft, 3)[0] == [1, 2, 5]
 
 
 def test_methods_commands(tmp_path: Path):
