@@ -40,9 +40,11 @@ evaluation; 9 runs, resumable, so a session can take a few of them)::
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ from libero_learning import cli, evaluations, read_jsonl, run
 from world_model_pretraining import ENCODER_FRAMES
 
 NAME = "srpo_world_model"
+TRAINED_MARKER = "bench_trained.json"  # written when a run's RL phase has finished
 METHODS = ("srpo_world_model", "srpo_pooled_pixels", "grpo")
 HELDOUT_EVERY = 5  # as world_model_pretraining: its validation videos are this split's
 
@@ -90,14 +93,34 @@ def shared(args: argparse.Namespace, tasks: list[int] | None) -> list[str]:
     ]
 
 
+def encoder_overrides(args: argparse.Namespace, method: str) -> list[str]:
+    """The reward encoder of ``method``: the world model's export, or the config's own."""
+    if method != "srpo_world_model":
+        return []
+    options = {
+        "path": str(args.world_model.resolve()),
+        "pooling": args.world_model_pooling,
+        **ENCODER_FRAMES,
+    }
+    encoder = ["models.video_encoder.policy=video_encoder.vjepa2"]
+    return encoder + [f"+models.video_encoder.options.{k}={v}" for k, v in options.items()]
+
+
 def eval_command(
-    args: argparse.Namespace, config: str, run_dir: Path, tasks: list[int] | None, split: str
+    args: argparse.Namespace,
+    config: str,
+    run_dir: Path,
+    tasks: list[int] | None,
+    split: str,
+    overrides: Sequence[str] = (),
 ) -> list[str]:
-    """Greedy episodes, one per (task, init state) of ``split``, of the run's checkpoint."""
+    """Greedy episodes, one per (task, init state) of ``split``, of the run's checkpoint;
+    ``overrides``: the run's own config changes (an evaluation refuses a run whose models
+    differ from its config)."""
     pairs = 10 if tasks is None else len(tasks)  # tasks per suite: 10
     per_task = sum(1 for i in range(50) if _split_of(i) == split)
     return cli(
-        "eval", "--config-name", config, "--no-progress", *shared(args, tasks),
+        "eval", "--config-name", config, "--no-progress", *shared(args, tasks), *overrides,
         f"eval.split={split}", f"eval.name=eval_{split}",
         f"eval.batch_size={pairs * per_task}",
         f"run_dir={run_dir}",
@@ -114,18 +137,10 @@ def rl_command(
     args: argparse.Namespace, method: str, seed: int, tasks: list[int], run_dir: Path
 ) -> list[str]:
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
-    encoder = []
-    if method == "srpo_world_model":
-        options = {
-            "path": str(args.world_model.resolve()),
-            "pooling": args.world_model_pooling,
-            **ENCODER_FRAMES,
-        }
-        encoder = ["models.video_encoder.policy=video_encoder.vjepa2"]
-        encoder += [f"+models.video_encoder.options.{k}={v}" for k, v in options.items()]
     validation = sum(1 for i in range(50) if _split_of(i) == "validation") * len(tasks)
     return cli(
-        "train", "--config-name", config, "--no-progress", *shared(args, tasks), *encoder,
+        "train", "--config-name", config, "--no-progress", *shared(args, tasks),
+        *encoder_overrides(args, method),
         f"seed={seed}",
         f"models.actor.init_from={args.sft.resolve()}",
         "data.batch_size=8", "rollout.group_size=8", "rollout.num_envs=4",
@@ -234,17 +249,25 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
 
 
 def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int]) -> dict[str, Any]:
+    """One (method, seed): RL, then the test evaluation; each phase is skipped when done."""
     run_dir = tasks_folder(args, tasks) / f"{method}_seed{seed}"
-    commands = {"train": rl_command(args, method, seed, tasks, run_dir)}
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
-    commands["test"] = eval_command(args, config, run_dir, tasks, "test")
-    if args.fresh or success(run_dir, "eval_test") is None:
+    encoder = encoder_overrides(args, method)
+    commands = {
+        "train": rl_command(args, method, seed, tasks, run_dir),
+        "test": eval_command(args, config, run_dir, tasks, "test", encoder),
+    }
+    logs = run_dir.parent / "logs"
+    trained = run_dir / TRAINED_MARKER
+    if args.fresh or not trained.exists():  # a run cut short starts again: same budget
         shutil.rmtree(run_dir, ignore_errors=True)
-        for name, command in commands.items():
-            run(command, run_dir.parent / "logs" / f"{method}_seed{seed}_{name}.log")
+        seconds = run(commands["train"], logs / f"{method}_seed{seed}_train.log")
+        trained.write_text(json.dumps({"seconds": seconds, "command": commands["train"]}))
+    if success(run_dir, "eval_test") is None:
+        run(commands["test"], logs / f"{method}_seed{seed}_test.log")
     validation = evaluations(run_dir, "eval")
     curve = [
-        {"step": step + 1, "rate": e["successes"] / max(1, e["episodes"])}
+        {"step": step, "rate": e["successes"] / max(1, e["episodes"])}
         for step, e in sorted(validation.items())
     ]
     metrics = read_jsonl(run_dir / "metrics.jsonl")

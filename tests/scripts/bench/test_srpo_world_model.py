@@ -51,6 +51,12 @@ def test_methods_commands(tmp_path: Path):
     assert "+models.video_encoder.options.pooling=end" in commands["srpo_world_model"]
     for method in ("srpo_pooled_pixels", "grpo"):
         assert not any("video_encoder" in part for part in commands[method])
+        assert swm.encoder_overrides(args, method) == []
+    # the run's evaluation carries the same encoder (an evaluation refuses other models)
+    overrides = swm.encoder_overrides(args, "srpo_world_model")
+    assert set(overrides) <= set(commands["srpo_world_model"]) and len(overrides) == 6
+    test_wm = swm.eval_command(args, "srpo_libero", run_dir, [3, 7], "test", overrides)
+    assert set(overrides) <= set(test_wm)
     assert commands["grpo"][commands["grpo"].index("--config-name") + 1] == "grpo_libero"
     for command in commands.values():
         # the same start, tasks, seed, budget and validation split for every method
