@@ -188,12 +188,14 @@ def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per method: test success mean and sample std over seeds, and the per-seed values."""
+    """Per method: test success mean and sample std over seeds, the per-seed values and the
+    mean number of RL steps (the same wall time buys a slower reward fewer steps)."""
     table = []
     for method in METHODS:
-        tests = [r["test"]["rate"] for r in rows if r["method"] == method and r.get("test")]
-        if not tests:
+        done = [r for r in rows if r["method"] == method and r.get("test")]
+        if not done:
             continue
+        tests = [r["test"]["rate"] for r in done]
         table.append(
             {
                 "method": method,
@@ -201,6 +203,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "test_mean": statistics.mean(tests),
                 "test_std": statistics.stdev(tests) if len(tests) > 1 else float("nan"),
                 "per_seed": " ".join(f"{100 * t:.0f}" for t in tests),
+                "rl_steps": statistics.mean(r.get("rl_steps", 0) for r in done),
             }
         )
     return table
@@ -293,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     # seed-major: a session that stops early has every method at the same number of seeds
     rows = [rl_phase(args, method, seed, tasks) for seed in args.seeds for method in args.methods]
     table = summarise(rows)
-    common.print_table(table, ["method", "seeds", "test_mean", "test_std", "per_seed"])
+    if start["test"] is not None:
+        print(f"SFT start, test split of the RL tasks: {start['test']['rate']:.2f}")
+    common.print_table(table, ["method", "seeds", "test_mean", "test_std", "per_seed", "rl_steps"])
     payload = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "tasks": tasks,
@@ -303,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": rows,
     }
     common.write_results(NAME, payload, args.out)
-    plot(rows, start["test"]["rate"] if start["test"] else 0.0, args.out)
+    # the curves are validation success on the RL tasks (equal episodes per task)
+    by_task = start["validation_by_task"]
+    plot(rows, statistics.mean(by_task[t] for t in tasks), args.out)
     return 0
 
 

@@ -75,7 +75,12 @@ def test_methods_commands(tmp_path: Path):
 
 def test_summary_mean_and_sample_spread():
     def row(method: str, seed: int, successes: int) -> dict:
-        return {"method": method, "seed": seed, "test": {"rate": successes / 10}}
+        return {
+            "method": method,
+            "seed": seed,
+            "test": {"rate": successes / 10},
+            "rl_steps": 10 + seed,
+        }
 
     rows = [row("grpo", s, k) for s, k in enumerate((2, 4, 9))]
     rows += [row("srpo_world_model", 0, 5), {"method": "srpo_pooled_pixels", "test": None}]
@@ -85,6 +90,6 @@ def test_summary_mean_and_sample_spread():
     assert grpo["seeds"] == 3 and math.isclose(grpo["test_mean"], 0.5)
     # sample std of (0.2, 0.4, 0.9): sqrt(((-.3)^2 + (-.1)^2 + .4^2) / 2) = sqrt(0.13)
     assert math.isclose(grpo["test_std"], math.sqrt(0.13))
-    assert grpo["per_seed"] == "20 40 90"
+    assert grpo["per_seed"] == "20 40 90" and grpo["rl_steps"] == 11
     assert table["srpo_world_model"]["seeds"] == 1
     assert math.isnan(table["srpo_world_model"]["test_std"])
