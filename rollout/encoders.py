@@ -233,7 +233,7 @@ class VJepa2EncoderOptions:
         if self.pooling not in POOLINGS:
             raise ValueError(
                 f"video_encoder.vjepa2: pooling must be one of {', '.join(POOLINGS)}, "
-                f"got {self.pooling!r}"
+                f"got {self.pooling!r}. Fix: set options.pooling to one of them"
             )
         if (self.path is None) == (self.config is None):
             raise ValueError("video_encoder.vjepa2 needs exactly one of 'path' or 'config'")
@@ -291,7 +291,7 @@ class VJepa2VideoEncoder(VideoEncoder):
         self.embedding_dim = width * int(model.config.hidden_size)
 
     def encode_valid(self, frames: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, T, H, W, 3) uint8, lengths (B,) in [1, T] -> (B, hidden_size) float32."""
+        """(B, T, H, W, 3) uint8, lengths (B,) in [1, T] -> (B, embedding_dim) float32."""
         opts = self.options
         clips = sample_clips(frames, lengths, opts.num_frames)
         pixels = preprocess_clips(clips, opts.resize_short, opts.crop_size)
