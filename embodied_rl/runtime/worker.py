@@ -237,7 +237,16 @@ class DAGWorker:
 
     def _preempt_agreed(self) -> bool:
         """Whether any rank was asked to :meth:`preempt` (all ranks stop after one step)."""
-        flag = torch.tensor([float(self._preempt.is_set())])
+        return self._any_rank(self._preempt.is_set())
+
+    def _any_rank(self, condition: bool) -> bool:
+        """Whether ``condition`` holds on any rank: every rank gets the same answer.
+
+        The flag lives on the worker's device: NCCL (cuda) and HCCL (npu) process groups
+        have no CPU backend, so a CPU tensor would fail there ("No backend type associated
+        with device type cpu"), as it did on the first H200 run.
+        """
+        flag = torch.tensor([float(condition)], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
 
@@ -250,9 +259,7 @@ class DAGWorker:
         limit = self.trainer.time_limit_min
         if limit is None:
             return False
-        flag = torch.tensor([float(self._elapsed_s() >= 60.0 * limit)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return self._any_rank(self._elapsed_s() >= 60.0 * limit)
 
     def _save_unless_unhealthy(self, completed_steps: int) -> None:
         """Checkpoint, except while a node is in a streak of skipped (non-finite) updates.
@@ -260,9 +267,7 @@ class DAGWorker:
         Such a checkpoint would push the last good one out of ``keep_checkpoints``. Every rank
         must take the same decision (saving has barriers), so the flags are all-reduced.
         """
-        flag = torch.tensor([float(any(ex.blocks_checkpoint() for ex in self.executors.values()))])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
+        if self._any_rank(any(ex.blocks_checkpoint() for ex in self.executors.values())):
             if self.rank == 0:
                 logger.warning(
                     "step %d: no checkpoint while updates are being skipped (non-finite loss "

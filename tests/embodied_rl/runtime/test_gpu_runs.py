@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
 import torch
@@ -38,7 +39,15 @@ def test_srpo_step_with_openvla_oft_on_cuda(tmp_path):
     assert step["rollout/episode_steps"] > 0
     assert 0.0 <= step["rollout/success_rate"] <= 1.0
     assert torch.isfinite(torch.tensor(step["loss/policy"]))
-    assert step["actor/grad_norm"] > 0
+    # One epoch of one mini-batch is on-policy: the log-probs of the update (bf16 autocast on
+    # the GPU) must match the rollout's, so every token's ratio is 1 up to kernel rounding.
+    assert step["actor/ratio_mean"] == pytest.approx(1.0, abs=0.05)
+    grad_norm = step["actor/grad_norm"]
+    assert math.isfinite(grad_norm) and grad_norm >= 0
+    # A random-init policy rarely succeeds: with no success in the batch SRPO has no
+    # reference, every advantage is 0 and so is the gradient (the H200 run saw exactly that).
+    if 0 < step["rollout/success_rate"] < 1:
+        assert grad_norm > 0
     assert (result.run_dir / "checkpoints" / "step_000001" / "manifest.json").exists()
 
 
