@@ -74,6 +74,10 @@ COMMANDS = Registry("command")
 # options, folder) -> interfaces.Exported`` writes the built policy in its Hugging Face layout
 # and says how it loads again.
 EXPORTERS = Registry("exporter")
+# The language instructions of a simulator's suite, by task index: ``fn(suite) -> list[str]``
+# (``libero``). Demos that do not record their task id (LeRobot datasets, LIBERO's published
+# files) are placed among a suite's tasks by their instruction.
+SUITE_INSTRUCTIONS = Registry("suite instructions")
 
 _loaded: set[str] = set()
 

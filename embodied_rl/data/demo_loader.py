@@ -17,6 +17,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,10 @@ from embodied_rl.data.demos import (
     load_demo,
     scan_demo_file,
 )
+from embodied_rl.data.lerobot import LeRobotFeatures, is_lerobot_dataset, scan_lerobot_dataset
 from embodied_rl.data.sampler import EpochSampler
 from embodied_rl.data.tasks import is_heldout
+from embodied_rl.registry import SUITE_INSTRUCTIONS, load_plugins
 
 CAMERAS = ("agentview",)  # the policy image rollout.env passes to act (OBS_IMAGE)
 
@@ -46,6 +49,7 @@ def select_demos(
     heldout_every: int,
     tasks: Sequence[int] | None = None,
     suite: str | None = None,
+    lerobot: LeRobotFeatures | None = None,
 ) -> list[DemoInfo]:
     """Scan the demo files and keep the first ``max_demos_per_task`` demos of each task.
 
@@ -53,7 +57,9 @@ def select_demos(
     instruction in files that record none (LIBERO's published ones). ``tasks``
     (``data.tasks``: the suite indices the run trains and evaluates) keeps only the demos of
     those tasks, by the task id that ``embodied-rl demos`` records; ``None`` keeps all.
-    ``suite`` (the simulator's) refuses files recorded in another suite.
+    ``suite`` (the simulator's) refuses files recorded in another suite. A path that is a
+    LeRobot dataset folder is read with the ``lerobot`` feature mapping (see
+    :func:`scan_demos`).
 
     Raises:
         DemoFormatError / FileNotFoundError: from the reader (naming file, demo and key).
@@ -61,11 +67,11 @@ def select_demos(
             :func:`check_not_heldout`); ``tasks`` is set and a file does not record its task,
             or no demo is of those tasks.
     """
-    infos = [info for path in find_demo_files(paths) for info in scan_demo_file(path)]
+    infos = scan_demos(paths, lerobot)
     if suite is not None:
         check_suite(infos, suite)
     if tasks is not None:
-        infos = demos_of_tasks(infos, tasks)
+        infos = demos_of_tasks(infos, tasks, suite)
     taken: Counter[int | str] = Counter()
     selected = []
     for info in infos:
@@ -75,6 +81,19 @@ def select_demos(
             selected.append(info)
     check_not_heldout(selected, heldout_every)
     return selected
+
+
+def scan_demos(paths: Sequence[str], lerobot: LeRobotFeatures | None = None) -> list[DemoInfo]:
+    """Every demo under ``paths``, in path order: a LeRobot dataset folder (``meta/info.json``)
+    gives its episodes (mapped by ``lerobot``, default :class:`LeRobotFeatures`), any other
+    path its HDF5 files' demos (a folder: its ``*.hdf5``)."""
+    infos: list[DemoInfo] = []
+    for path in paths:
+        if is_lerobot_dataset(path):
+            infos += scan_lerobot_dataset(path, lerobot or LeRobotFeatures())
+        else:
+            infos += [info for file in find_demo_files([path]) for info in scan_demo_file(file)]
+    return infos
 
 
 def check_suite(infos: Sequence[DemoInfo], suite: str) -> None:
@@ -106,32 +125,57 @@ def check_frame_sizes(infos: Sequence[DemoInfo]) -> None:
         )
 
 
-def demos_of_tasks(infos: Sequence[DemoInfo], tasks: Sequence[int]) -> list[DemoInfo]:
-    """The demos whose recorded task id is in ``tasks`` (file order kept).
+def demos_of_tasks(
+    infos: Sequence[DemoInfo], tasks: Sequence[int], suite: str | None = None
+) -> list[DemoInfo]:
+    """The demos whose task id is in ``tasks`` (file order kept).
 
     A folder of a whole suite with ``data.tasks=[0]`` must train on task 0 only, as the RL
-    and evaluation of the same config do; a file that does not say its task cannot be
-    placed, so it is refused rather than silently kept or dropped.
+    and evaluation of the same config do. A demo's task id is the one ``embodied-rl demos``
+    records; a demo that records none (a LeRobot dataset's episode, LIBERO's published files)
+    is placed by its instruction among ``suite``'s tasks (an instruction of no task of the
+    suite, e.g. another suite's episode in a dataset of all four, is not selected). Without a
+    suite such demos cannot be placed and are refused rather than silently kept or dropped.
     """
-    unknown = sorted({str(info.path) for info in infos if info.task_id is None})
-    if unknown:
+    unplaced = [info for info in infos if info.task_id is None]
+    if unplaced and suite is None:
+        files = sorted({str(info.path) for info in unplaced})
         raise ValueError(
-            f"data.tasks={list(tasks)} selects demos by the task id that `embodied-rl demos` "
-            f"records (embodied_rl_task_id), and {unknown[0]} does not record one"
-            f"{f' ({len(unknown) - 1} more files neither)' if len(unknown) > 1 else ''}. "
-            "Fix: list only those tasks' files in data.paths and set data.tasks=null for the "
-            "demos, or regenerate the demos with `embodied-rl demos`"
+            f"data.tasks={list(tasks)} selects demos by task id, and {files[0]} does not "
+            f"record one{f' ({len(files) - 1} more neither)' if len(files) > 1 else ''}. "
+            "Fix: set data.suite (the simulator's) so they are placed by their instruction, "
+            "or set data.tasks=null and list only those tasks' demos in data.paths"
         )
+    if unplaced:
+        # Case and spacing aside: datasets converted by others may lower-case or re-space.
+        task_of = {_words(text): i for i, text in enumerate(suite_instructions(suite))}
+        infos = [
+            info
+            if info.task_id is not None or _words(info.instruction) not in task_of
+            else replace(info, task_id=task_of[_words(info.instruction)])
+            for info in infos
+        ]
     wanted = set(tasks)
     kept = [info for info in infos if info.task_id in wanted]
     if not kept:
-        found = sorted({info.task_id for info in infos})
+        found = sorted({info.task_id for info in infos if info.task_id is not None})
         raise ValueError(
-            f"no demo in data.paths is of data.tasks={list(tasks)} (the files hold tasks "
-            f"{found}). Fix: generate them with `embodied-rl demos --tasks "
+            f"no demo in data.paths is of data.tasks={list(tasks)} (the demos hold tasks "
+            f"{found}{' and instructions of no task of ' + suite if None in {i.task_id for i in infos} else ''}"
+            f"). Fix: generate them with `embodied-rl demos --tasks "
             f"{' '.join(map(str, tasks))}` or point data.paths at their folder"
         )
     return kept
+
+
+def _words(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def suite_instructions(suite: str) -> list[str]:
+    """The instructions of ``suite``'s tasks, from the simulator plugin that knows the suite."""
+    load_plugins()
+    return SUITE_INSTRUCTIONS.get("libero")(suite)
 
 
 def check_not_heldout(infos: Sequence[DemoInfo], heldout_every: int) -> None:

@@ -42,9 +42,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from embodied_rl.data.lerobot import LeRobotEpisode
 
 ACTION_DIM = 7
 PROPRIO_DIM = 8
@@ -93,6 +96,8 @@ class DemoInfo:
         task_id: the task's index in its suite, when the file says so
             (``embodied_rl_task_id``; LIBERO's published files do not).
         suite: the suite the file was recorded in, when it says so (``embodied_rl_suite``).
+        lerobot: where the episode is, for a demo of a LeRobot dataset (``path`` is then the
+            dataset folder and ``name`` ``episode_<i>``); ``None`` for an HDF5 demo.
     """
 
     path: Path
@@ -104,6 +109,7 @@ class DemoInfo:
     init_state_id: int | None = None
     task_id: int | None = None
     suite: str | None = None
+    lerobot: LeRobotEpisode | None = None
 
     @property
     def source(self) -> str:
@@ -281,9 +287,14 @@ def find_demo_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:
-    """Read one demo's actions, proprio and the frames of ``cameras`` into memory."""
+    """Read one demo's actions, proprio and the frames of ``cameras`` into memory (an HDF5
+    demo, or an episode of a LeRobot dataset: :mod:`embodied_rl.data.lerobot`)."""
     import h5py
 
+    if info.lerobot is not None:
+        from embodied_rl.data.lerobot import load_lerobot_demo
+
+        return load_lerobot_demo(info, cameras)
     unknown = sorted(set(cameras) - set(IMAGE_KEYS))
     if unknown:
         raise ValueError(f"unknown camera(s) {unknown}; demo files have {sorted(IMAGE_KEYS)}")

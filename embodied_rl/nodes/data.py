@@ -16,6 +16,7 @@ from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.dataloader import ShardedPromptLoader
 from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, check_frame_sizes, select_demos
 from embodied_rl.data.demos import DemoInfo
+from embodied_rl.data.lerobot import LeRobotFeatures
 from embodied_rl.data.prompt_checks import check_file_head
 from embodied_rl.data.prompt_files import open_source
 from embodied_rl.data.tasks import (
@@ -279,6 +280,10 @@ class DemoDataConfig:
         suite: the simulator suite the run evaluates (``simulator.options.suite``): files that
             record another suite (``embodied_rl_suite``) are refused; files that record none
             (LIBERO's published ones, older files) pass. ``None``: not checked.
+        lerobot: for ``paths`` that are LeRobot dataset folders: which features are the
+            cameras, proprio and actions, the frames' orientation and the gripper convention
+            (:class:`embodied_rl.data.lerobot.LeRobotFeatures`; ``None``: its defaults, the
+            names of the LeRobot LIBERO conversions).
     """
 
     paths: list[str]
@@ -293,10 +298,12 @@ class DemoDataConfig:
     heldout_every: int = 5
     tasks: list[int] | None = None
     suite: str | None = None
+    lerobot: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("paths is empty; list demo files or folders (data.paths)")
+        self.lerobot_features = LeRobotFeatures.from_options(self.lerobot)
         unknown = sorted(set(self.cameras) - set(CAMERAS))
         if unknown:
             raise ValueError(
@@ -316,6 +323,7 @@ class DemoDataConfig:
             self.heldout_every,
             tasks=self.tasks,
             suite=self.suite,
+            lerobot=self.lerobot_features,
         )
 
     def check_inputs(self) -> None:

@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from embodied_rl.registry import SUITE_INSTRUCTIONS
+
 INSTALL_HINT = "EMBODIED_RL_EXTRAS=dev,libero bash scripts/install.sh"
 
 # Episode limits of the OpenVLA LIBERO evaluation, longer than the longest demonstration.
@@ -134,6 +136,21 @@ def make_suite(api: LiberoApi, name: str) -> Any:
         for line in printed.getvalue().splitlines():
             if not _TASK_ORDER_NOTICE.match(line):
                 print(line)
+
+
+@SUITE_INSTRUCTIONS.register("libero")
+def suite_instructions(suite: str) -> list[str]:
+    """The language instruction of each task of ``suite``, by task index (``task.language``).
+
+    Raises:
+        ImportError: LIBERO is not installed; ValueError: no such suite.
+    """
+    api = import_libero()
+    suites = api.benchmark.get_benchmark_dict()
+    if suite not in suites:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; the benchmark has {sorted(suites)}")
+    benchmark = make_suite(api, suite)
+    return [str(benchmark.get_task(i).language) for i in range(benchmark.n_tasks)]
 
 
 def _avoid_first_import_prompt() -> None:

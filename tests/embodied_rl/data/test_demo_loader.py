@@ -140,7 +140,7 @@ def test_data_tasks_keeps_only_the_demos_of_those_tasks(tmp_path, demo_writer):
         (0, "task_0_demo.hdf5", "demo_0"),
         (2, "task_2_demo.hdf5", "demo_0"),
     ]
-    with pytest.raises(ValueError, match=r"the files hold tasks \[0, 1, 2\]"):
+    with pytest.raises(ValueError, match=r"the demos hold tasks \[0, 1, 2\]"):
         select_demos([str(folder)], None, heldout_every=5, tasks=[7])
 
 
