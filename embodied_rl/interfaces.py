@@ -102,6 +102,18 @@ class DemonstrationPolicy(EmbodiedPolicy, Protocol):
         ...
 
 
+@runtime_checkable
+class FlowMatchingPolicy(DemonstrationPolicy, Protocol):
+    """A demonstration policy that generates actions by integrating a learned velocity field
+    (``policies/flow_vla``): behaviour cloning regresses the velocity instead of a mean."""
+
+    def flow_matching_loss(self, batch: TensorDict, targets: torch.Tensor) -> torch.Tensor:
+        """Elementwise squared velocity error (n, C * A) for the rows' normalised
+        demonstrated actions ``targets`` (n, C * A) (``action_targets``), at random flow
+        times and noise."""
+        ...
+
+
 class PolicyBuilder(Protocol):
     """What ``embodied_rl.registry.POLICIES`` holds: ``builder(options, device) -> policy``.
 

@@ -6,6 +6,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix transform
 from policies import (
     causal_lm,  # noqa: F401  (registers "causal_lm")
     export,  # noqa: F401  (registers each policy's exporter: embodied-rl export)
+    flow_vla,  # noqa: F401  (registers "flow_vla")
     mlp,  # noqa: F401  (registers "mlp")
     openvla,  # noqa: F401  (registers "openvla")
     openvla_oft,  # noqa: F401  (registers "openvla_oft")

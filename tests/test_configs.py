@@ -77,7 +77,7 @@ def test_sft_libero_trains_what_srpo_libero_starts_from():
     policy= choice (init_from checks the options again at start-up)."""
     from omegaconf import OmegaConf
 
-    for choice in ([], ["policy=mlp_image"]):
+    for choice in ([], ["policy=mlp_image"], ["policy=flow_vla_tiny"]):
         sft = OmegaConf.to_container(compose("sft_libero", choice), resolve=True)
         rl = OmegaConf.to_container(compose("srpo_libero", choice), resolve=True)
         assert sft["simulator"] == rl["simulator"]

@@ -46,6 +46,14 @@ def l1_regression(
     return aggregate((prediction - target.to(prediction.dtype)).abs(), mask, "token-mean", counts)
 
 
+def flow_matching_regression(
+    squared_error: torch.Tensor, mask: torch.Tensor, counts: GlobalCounts
+) -> torch.Tensor:
+    """This shard's share of ``sum(|u - (a - eps)|^2 * mask) / global valid tokens``: the
+    flow-matching loss, squared_error (B, R) from the policy, normalised like the L1 loss."""
+    return aggregate(squared_error, mask.to(squared_error.dtype), "token-mean", counts)
+
+
 def token_accuracy(
     predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, counts: GlobalCounts
 ) -> torch.Tensor:

@@ -4,8 +4,9 @@ The input is a batch of one-step trajectories from ``data.demos``: observations,
 demonstrated env actions (ACTIONS (n, C, A)) and the mask of its real (unpadded) actions
 (RESPONSE_MASK (n, C * A)). The policy turns the actions into what it scores
 (``action_targets``, see ``embodied_rl/interfaces.py``); discrete heads are trained with the
-token cross-entropy, continuous heads with the L1 regression of their mean
-(``embodied_rl/algorithms/bc.py``), normalised by the global count of valid action tokens.
+token cross-entropy, continuous heads with the L1 regression of their mean, flow-matching
+policies with the regression of their velocity (``embodied_rl/algorithms/bc.py``), normalised
+by the global count of valid action tokens.
 Gradients are synced, clipped and guarded against non-finite values exactly as in
 ``actor.train`` (:func:`embodied_rl.training.updates.mini_batch_update`).
 """
@@ -19,10 +20,16 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
-from embodied_rl.algorithms.bc import l1_regression, token_accuracy, token_cross_entropy
+from embodied_rl.algorithms.bc import (
+    flow_matching_regression,
+    l1_regression,
+    token_accuracy,
+    token_cross_entropy,
+)
 from embodied_rl.algorithms.losses import GlobalCounts
 from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
+from embodied_rl.interfaces import FlowMatchingPolicy
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.training.guard import (
     check_max_bad_steps,
@@ -62,8 +69,9 @@ class SFTTrainConfig:
 def sft_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """One optimizer update of behaviour cloning on this rank's demonstration steps.
 
-    Logs ``sft/loss``, ``sft/l1`` (continuous heads) or ``sft/token_accuracy`` (discrete
-    heads), ``sft/grad_norm`` and ``sft/skipped_updates``.
+    Logs ``sft/loss``, ``sft/l1`` (continuous heads), ``sft/flow_mse`` (flow-matching
+    policies) or ``sft/token_accuracy`` (discrete heads), ``sft/grad_norm`` and
+    ``sft/skipped_updates``.
     """
     cfg: SFTTrainConfig = ctx.node_config
     policy = ctx.models[cfg.model]
@@ -94,7 +102,11 @@ def _bc_loss(
     """This micro-batch's share of the batch's behaviour-cloning loss; logs its metric shares."""
     mask = micro[K.RESPONSE_MASK].float()
     target = micro[key].reshape(len(mask), -1)
-    if key == K.RAW_ACTIONS:  # continuous head: L1 of the mean (OpenVLA-OFT)
+    if isinstance(policy, FlowMatchingPolicy):  # flow head: the velocity regression
+        error = policy.flow_matching_loss(micro, target)
+        loss = flow_matching_regression(error, mask.to(error.device), counts)
+        metrics = {"sft/loss": loss.detach(), "sft/flow_mse": loss.detach()}
+    elif key == K.RAW_ACTIONS:  # continuous head: L1 of the mean (OpenVLA-OFT)
         mean = policy.action_mode(micro)
         loss = l1_regression(mean, target.to(mean.device), mask.to(mean.device), counts)
         metrics = {"sft/loss": loss.detach(), "sft/l1": loss.detach()}

@@ -18,8 +18,6 @@ import dataclasses
 import json
 import math
 import os
-import re
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,11 +29,16 @@ from tensordict import TensorDict
 from torch import nn
 
 from embodied_rl import keys as K
-from embodied_rl.data.batch import strings
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
 from policies.mlp.configuration import MLPPolicyConfig
 from policies.normalization import Normalizer, select_statistics
+from policies.observation import (
+    as_tensor,
+    image_encoder,
+    observation_features,
+    step_features,
+)
 from policies.openvla.loading import (
     CONFIG_FILE,
     STATISTICS_FILE,
@@ -46,37 +49,19 @@ from policies.openvla.loading import (
 MODEL_TYPE = "embodied_rl_mlp"  # config.json's model_type
 STATISTICS_NAME = "demonstrations"  # the dataset name the statistics are saved under
 
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def _image_encoder(size: int) -> tuple[nn.Module, int]:
-    """Three stride-2 convolutions: (N, 3, size, size) -> (N, 32 * (size/8)^2)."""
-    layers = nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=2, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(32, 32, 3, stride=2, padding=1),
-        nn.ReLU(),
-        nn.Flatten(),
-    )
-    return layers, 32 * (size // 8) ** 2
-
-
-def instruction_buckets(instruction: str, buckets: int) -> list[int]:
-    """Bucket ids of an instruction's words: ``crc32(word) % buckets`` of each lower-cased
-    alphanumeric word (deterministic across processes, unlike Python's ``hash``)."""
-    return [zlib.crc32(word.encode()) % buckets for word in _WORD.findall(instruction.lower())]
-
 
 class MLPPolicy(nn.Module):
     """The fast policy for CPU runs. See the module docstring for the action semantics.
 
     Attributes:
         chunk: C; tokens_per_step: K = C * A.
+        image_encoder / instruction / trunk: the observation features
+            (``policies/observation.py``).
         normalizer: the action / proprio statistics and gripper convention (buffers).
         instruction: the hashed bag-of-words ``EmbeddingBag``, or ``None``.
     """
+
+    NAME = "mlp"
 
     def __init__(self, config: MLPPolicyConfig) -> None:
         super().__init__()
@@ -86,7 +71,7 @@ class MLPPolicy(nn.Module):
         features = config.state_dim if config.state_dim > 0 else 0
         self.image_encoder = None
         if config.image_size > 0:
-            self.image_encoder, image_features = _image_encoder(config.image_size)
+            self.image_encoder, image_features = image_encoder(config.image_size)
             features += image_features
         if config.instruction_buckets > 0:
             features += config.instruction_dim
@@ -112,7 +97,7 @@ class MLPPolicy(nn.Module):
             self.instruction = nn.EmbeddingBag(
                 config.instruction_buckets, config.instruction_dim, mode="mean"
             )
-        self._bucket_cache: dict[str, list[int]] = {}
+        self.bucket_cache: dict[str, list[int]] = {}  # instruction -> word buckets
 
     @property
     def device(self) -> torch.device:
@@ -121,46 +106,6 @@ class MLPPolicy(nn.Module):
     def set_statistics(self, statistics: Mapping[str, Any]) -> None:
         """Set the normalisation statistics (a ``norm_stats`` entry, e.g. from demos)."""
         self.normalizer.set_statistics(statistics)
-
-    def _instruction_features(self, instructions: Sequence[str]) -> torch.Tensor:
-        """(N, instruction_dim) mean embedding of each instruction's word buckets."""
-        ids, offsets = [], []
-        for text in instructions:
-            if text not in self._bucket_cache:
-                self._bucket_cache[text] = instruction_buckets(
-                    text, self.config.instruction_buckets
-                )
-            offsets.append(len(ids))
-            ids += self._bucket_cache[text]
-        device = self.device
-        return self.instruction(
-            torch.tensor(ids, dtype=torch.long, device=device),
-            torch.tensor(offsets, dtype=torch.long, device=device),
-        )
-
-    def _features(
-        self,
-        images: torch.Tensor | None,
-        states: torch.Tensor | None,
-        instructions: Sequence[str],
-    ) -> torch.Tensor:
-        """Trunk output (N, F) from images (N, H, W, 3) uint8, states (N, S), N instructions."""
-        parts = []
-        if self.config.state_dim > 0:
-            parts.append(self.normalizer.normalize_proprio(states.float().to(self.device)))
-        if self.image_encoder is not None:
-            size = self.config.image_size
-            if images is None or tuple(images.shape[1:]) != (size, size, 3):
-                got = None if images is None else tuple(images.shape[1:])
-                raise ValueError(
-                    f"the mlp policy has image_size {size} and needs ({size}, {size}, 3) "
-                    f"images, got {got}; set the simulator's / demos' image_size to {size}"
-                )
-            pixels = images.to(self.device).permute(0, 3, 1, 2).float() / 255.0
-            parts.append(self.image_encoder(pixels))
-        if self.instruction is not None:
-            parts.append(self._instruction_features(instructions))
-        return self.trunk(torch.cat(parts, dim=-1))
 
     def _distribution(
         self, features: torch.Tensor, temperature: float
@@ -188,7 +133,7 @@ class MLPPolicy(nn.Module):
             ActOutput with actions (N, C, A) float32 in env units, logprobs (N, K) and tokens
             (N, K) bin ids (discrete) or raw_actions (N, K) normalised samples (Gaussian).
         """
-        features = self._features(_tensor(images), _tensor(states), instructions)
+        features = observation_features(self, as_tensor(images), as_tensor(states), instructions)
         dist = self._distribution(features, temperature)
         if self.config.head == "discrete":
             tokens = dist.sample() if do_sample else dist.logits.argmax(-1)
@@ -207,25 +152,11 @@ class MLPPolicy(nn.Module):
             values=None if values is None else values.float().cpu(),
         )
 
-    def _flat_steps(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Trunk features (B*T, F) of every step and the step mask (B, T)."""
-        mask = batch[K.STEP_MASK].float()
-        b, t = mask.shape
-        images = states = None
-        if self.config.state_dim > 0:
-            states = batch[K.OBS_STATE].reshape(b * t, -1)
-        if self.image_encoder is not None:
-            images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
-        instructions: list[str] = []
-        if self.instruction is not None:  # step row r belongs to trajectory r // T
-            instructions = [text for text in strings(batch, K.PROMPT_TEXT) for _ in range(t)]
-        return self._features(images, states, instructions), mask
-
     def evaluate(
         self, batch: TensorDict, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropy (B, T*K) of the stored actions, step-major, 0 on masked steps."""
-        features, mask = self._flat_steps(batch)
+        features, mask = step_features(self, batch)
         b, t = mask.shape
         dist = self._distribution(features, temperature)
         if self.config.head == "discrete":
@@ -240,7 +171,7 @@ class MLPPolicy(nn.Module):
     def action_mode(self, batch: TensorDict) -> torch.Tensor:
         """Most likely output of every step (B, T*K), 0 on masked steps: the Gaussian mean
         (normalised units, differentiable) or the most likely bin id (float)."""
-        features, mask = self._flat_steps(batch)
+        features, mask = step_features(self, batch)
         b, t = mask.shape
         if self.config.head == "discrete":
             mode = self._distribution(features, 1.0).logits.argmax(-1).float()
@@ -268,7 +199,7 @@ class MLPPolicy(nn.Module):
         """Value of every step's observation (B, T), 0 on masked steps (needs value_head)."""
         if self.value is None:
             raise ValueError("this MLP policy has no value head; set value_head: true")
-        features, mask = self._flat_steps(batch)
+        features, mask = step_features(self, batch)
         return self.value(features).view(mask.shape) * mask.to(self.device)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> Path:
@@ -323,12 +254,6 @@ class MLPPolicy(nn.Module):
             _, entry = select_statistics(norm_stats, None)
             policy.set_statistics(entry)
         return policy.to(device)
-
-
-def _tensor(array: np.ndarray | torch.Tensor | None) -> torch.Tensor | None:
-    if array is None or isinstance(array, torch.Tensor):
-        return array
-    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:

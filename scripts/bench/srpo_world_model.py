@@ -76,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
     parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument(
+        "--report", action="store_true",
+        help="run nothing: the table and plot of the (method, seed) runs already finished",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -251,9 +255,15 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
     return tasks, {"validation_by_task": rates, "test": success(start_test, "eval_test")}
 
 
-def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int]) -> dict[str, Any]:
-    """One (method, seed): RL, then the test evaluation; each phase is skipped when done."""
+def rl_phase(
+    args: argparse.Namespace, method: str, seed: int, tasks: list[int]
+) -> dict[str, Any] | None:
+    """One (method, seed): RL, then the test evaluation; each phase is skipped when done.
+    With ``--report``, ``None`` for a run not finished (nothing is run)."""
     run_dir = tasks_folder(args, tasks) / f"{method}_seed{seed}"
+    finished = success(run_dir, "eval_test") is not None
+    if args.report and not finished:
+        return None
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
     encoder = encoder_overrides(args, method)
     commands = {
@@ -262,11 +272,13 @@ def rl_phase(args: argparse.Namespace, method: str, seed: int, tasks: list[int])
     }
     logs = run_dir.parent / "logs"
     trained = run_dir / TRAINED_MARKER
-    if args.fresh or not trained.exists():  # a run cut short starts again: same budget
+    if args.report:
+        pass  # a finished run, read as it is
+    elif args.fresh or not trained.exists():  # a run cut short starts again: same budget
         shutil.rmtree(run_dir, ignore_errors=True)
         seconds = run(commands["train"], logs / f"{method}_seed{seed}_train.log")
         trained.write_text(json.dumps({"seconds": seconds, "command": commands["train"]}))
-    if success(run_dir, "eval_test") is None:
+    if not args.report and success(run_dir, "eval_test") is None:
         run(commands["test"], logs / f"{method}_seed{seed}_test.log")
     validation = evaluations(run_dir, "eval")
     curve = [
@@ -295,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RL tasks {tasks}; SFT start validation by task {start['validation_by_task']}")
     # seed-major: a session that stops early has every method at the same number of seeds
     rows = [rl_phase(args, method, seed, tasks) for seed in args.seeds for method in args.methods]
+    rows = [row for row in rows if row is not None]
     table = summarise(rows)
     if start["test"] is not None:
         print(f"SFT start, test split of the RL tasks: {start['test']['rate']:.2f}")

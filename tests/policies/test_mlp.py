@@ -157,7 +157,7 @@ def test_chunk_act_and_evaluate_agree(head):
 
 
 def test_instruction_conditioning_is_a_deterministic_hashed_bag_of_words():
-    from policies.mlp.modeling import instruction_buckets
+    from policies.observation import instruction_buckets
 
     # crc32 of the lower-cased words, modulo the buckets (the same in every process).
     assert instruction_buckets("Open the DRAWER!", 1000) == [

@@ -93,3 +93,20 @@ def test_summary_mean_and_sample_spread():
     assert grpo["per_seed"] == "20 40 90" and grpo["rl_steps"] == 11
     assert table["srpo_world_model"]["seeds"] == 1
     assert math.isnan(table["srpo_world_model"]["test_std"])
+
+
+def test_report_runs_nothing_and_skips_unfinished_runs(tmp_path: Path):
+    args = _args(tmp_path, "--report", "--runs", str(tmp_path / "runs"))
+    unfinished = swm.rl_phase(args, "grpo", 2, [3, 7])  # no test evaluation: not run
+    assert unfinished is None and not (tmp_path / "runs" / "tasks_3_7" / "logs").exists()
+    run_dir = tmp_path / "runs" / "tasks_3_7" / "grpo_seed0"
+    _write_eval(run_dir, "eval", [(5, 3, 3, 5), (5, 7, 2, 5)])
+    _write_eval(
+        run_dir, "eval_test_20261127-100000-000001/eval_test", [(10, 3, 4, 5), (10, 7, 3, 5)]
+    )
+    metrics = [{"step": 0, "time/elapsed_s": 60.0}, {"step": 1, "time/elapsed_s": 120.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    row = swm.rl_phase(args, "grpo", 0, [3, 7])  # no bench_trained.json: still not rerun
+    assert row["test"]["rate"] == 0.7 and row["curve"] == [{"step": 5, "rate": 0.5}]
+    assert row["rl_steps"] == 2 and row["rl_minutes"] == 2.0
+    assert not (run_dir.parent / "logs").exists()
