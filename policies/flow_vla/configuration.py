@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from embodied_rl.checks import check_range
 from policies.flow_vla.denoising import LOGPROB_METHODS
 from policies.normalization import GRIPPER_CONVENTIONS
+from policies.options import PolicyOptions
 
 
 @dataclass
-class FlowVLAConfig:
+class FlowVLAConfig(PolicyOptions):
     """Flow-matching VLA options.
 
     Attributes:
@@ -53,6 +51,7 @@ class FlowVLAConfig:
     seed: int = 0
     gripper_convention: str = "libero"
 
+    policy_name = "flow_vla"  # class attribute: used in messages
     # Options that do not change what the weights mean: an ``init_from`` checkpoint may
     # differ in them (the step count and noise only change how the chain is sampled).
     RUNTIME_OPTIONS = frozenset({"seed", "denoise_steps", "noise_level"})
@@ -107,21 +106,3 @@ class FlowVLAConfig:
     def tokens_per_step(self) -> int:
         """Scored values per observation: ``S C A`` (each step's Gaussian, per dimension)."""
         return self.denoise_steps * self.chunk * self.action_dim
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> FlowVLAConfig:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - valid)
-        if unknown:
-            raise ValueError(f"unknown flow_vla option(s) {unknown}; valid: {sorted(valid)}")
-        return cls(**dict(options))
-
-    @classmethod
-    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option but the runtime-only ones (what ``init_from`` compares)."""
-        config = cls.from_options(options)
-        return {
-            f.name: getattr(config, f.name)
-            for f in dataclasses.fields(config)
-            if f.name not in cls.RUNTIME_OPTIONS
-        }

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from embodied_rl.checks import check_range
 from policies.normalization import GRIPPER_CONVENTIONS
+from policies.options import PolicyOptions
 
 HEADS = ("gaussian", "discrete")
 
 
 @dataclass
-class MLPPolicyConfig:
+class MLPPolicyConfig(PolicyOptions):
     """MLP policy options.
 
     Attributes:
@@ -52,6 +50,7 @@ class MLPPolicyConfig:
     instruction_dim: int = 32
     gripper_convention: str = "none"
 
+    policy_name = "mlp"  # class attribute: used in messages
     # Options that only set the initial weights: an ``init_from`` checkpoint may differ in
     # them (see ``architecture_options``).
     RUNTIME_OPTIONS = frozenset({"seed", "init_log_std"})
@@ -73,22 +72,3 @@ class MLPPolicyConfig:
                 f"mlp gripper_convention {self.gripper_convention!r} is not one of "
                 f"{list(GRIPPER_CONVENTIONS)}"
             )
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> MLPPolicyConfig:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - valid)
-        if unknown:
-            raise ValueError(f"unknown mlp policy option(s) {unknown}; valid: {sorted(valid)}")
-        return cls(**dict(options))
-
-    @classmethod
-    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option (defaults filled in) but the runtime-only ones: what must match
-        between a checkpoint's training run and a run that starts from it."""
-        config = cls.from_options(options)
-        return {
-            f.name: getattr(config, f.name)
-            for f in dataclasses.fields(config)
-            if f.name not in cls.RUNTIME_OPTIONS
-        }

@@ -7,7 +7,6 @@ action vocabulary); it comes from a preset or from a published checkpoint's ``co
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from embodied_rl.checks import check_range
 from policies.normalization import GRIPPER_CONVENTIONS
 from policies.openvla.action_tokenizer import N_ACTION_BINS
 from policies.openvla.libero_words import libero_vocabulary
+from policies.options import PolicyOptions
 
 ACTION_DIM = 7  # x, y, z, roll, pitch, yaw, gripper
 DTYPES: dict[str, torch.dtype] = {
@@ -109,7 +109,7 @@ TINY_LIBERO_ARCHITECTURE = VLAArchitecture(
 
 
 @dataclass
-class VLAOptions:
+class VLAOptions(PolicyOptions):
     """Options shared by the ``openvla`` and ``openvla_oft`` policies.
 
     Attributes:
@@ -183,28 +183,6 @@ class VLAOptions:
     def normalized_proprio_dim(self) -> int:
         """Size of the proprio the policy reads (and normalises); OpenVLA reads none."""
         return 0
-
-    @classmethod
-    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option (defaults filled in) but the runtime-only ones: what must match
-        between a checkpoint's training run and a run that starts from it."""
-        config = cls.from_options(options)
-        return {
-            f.name: getattr(config, f.name)
-            for f in dataclasses.fields(config)
-            if f.name not in cls.RUNTIME_OPTIONS
-        }
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> VLAOptions:
-        """Build from a mapping of field values; unknown keys are an error naming valid keys."""
-        valid = sorted(f.name for f in dataclasses.fields(cls))
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"unknown {cls.policy_name} policy option(s) {unknown}; valid options: {valid}"
-            )
-        return cls(**dict(options))
 
 
 @dataclass

@@ -1,0 +1,41 @@
+"""What every policy's options dataclass does with a config mapping.
+
+A policy's options class subclasses :class:`PolicyOptions` (a ``@dataclass``) and sets
+``policy_name`` (for messages) and ``RUNTIME_OPTIONS``: the options that change how the policy
+runs, not what its weights mean, so that an ``init_from`` checkpoint may differ in them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+class PolicyOptions:
+    """``from_options`` and ``architecture_options`` of a policy's options dataclass."""
+
+    policy_name: ClassVar[str] = "policy"
+    RUNTIME_OPTIONS: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Any:
+        """Build from a mapping of field values; unknown keys are an error naming valid keys."""
+        valid = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"unknown {cls.policy_name} policy option(s) {unknown}; valid options: {valid}"
+            )
+        return cls(**dict(options))
+
+    @classmethod
+    def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option (defaults filled in) but the runtime-only ones: what must match
+        between a checkpoint's training run and a run that starts from it."""
+        config = cls.from_options(options)
+        return {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name not in cls.RUNTIME_OPTIONS
+        }
