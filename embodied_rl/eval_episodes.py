@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
@@ -66,7 +67,8 @@ class Episode:
 
 
 def local_episodes(ctx: NodeContext, batch: TensorDict) -> list[Episode]:
-    """This rank's episodes, in batch order."""
+    """This rank's episodes, in batch order; rows marked PADDED (repeats that only fill the
+    batch) are not episodes of the evaluation."""
     n = batch_len(batch)
     if n == 0:
         return []
@@ -76,10 +78,19 @@ def local_episodes(ctx: NodeContext, batch: TensorDict) -> list[Episode]:
     columns = zip(
         batch[K.TASK_ID].tolist(), batch[K.INIT_STATE_ID].tolist(), batch[K.SUCCESS].tolist()
     )
+    padded = padded_rows(batch).tolist()
     return [
         Episode(int(t), int(s), bool(ok), str(texts[i]), ctx.dp_rank, i, writer, bool(videos[i]))
         for i, (t, s, ok) in enumerate(columns)
+        if not padded[i]
     ]
+
+
+def padded_rows(batch: TensorDict) -> torch.Tensor:
+    """(B,) bool: the rows marked PADDED (all False without the key)."""
+    if K.PADDED in batch.keys():
+        return batch[K.PADDED].bool()
+    return torch.zeros(batch_len(batch), dtype=torch.bool)
 
 
 def gather_episodes(ctx: NodeContext, local: list[Episode]) -> list[Episode]:

@@ -43,6 +43,7 @@ FINISH_STEP = "finish_step"  # (B,) int64
 SUCCESS = "success"  # (B,) bool
 TASK_ID = "task_id"  # (B,) int64
 INIT_STATE_ID = "init_state_id"  # (B,) int64
+PADDED = "padded"  # (B,) bool: a row repeated only to fill the batch (evaluations skip it)
 FRAME_COUNT = "frame_count"  # (B,) int64 valid frames in FRAMES (with a frame stride)
 FRAMES = "frames"  # (B, T, H, W, 3) uint8 frames of the policy steps (SRPO video encoder)
 HAS_VIDEO = "has_video"  # (B,) bool: rollout.videos wrote the episode's video

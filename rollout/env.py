@@ -281,8 +281,9 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
     if cfg.keep_actions:  # zero after each episode's last step, in the policy's dtype
         fields[K.ENV_ACTIONS] = cat("actions")
     out = make_batch(fields)
-    for key in (K.TASK_ID, K.INIT_STATE_ID, K.GROUP_ID, K.SAMPLE_ID):
-        out[key] = rows[key]
+    for key in (K.TASK_ID, K.INIT_STATE_ID, K.GROUP_ID, K.SAMPLE_ID, K.PADDED):
+        if key in rows.keys():  # PADDED: evaluations' rows only
+            out[key] = rows[key]
     return out
 
 

@@ -108,7 +108,12 @@ def _global_batch(node: NodeSpec, order: list[NodeSpec], issues: list[DagIssue])
     """Samples per step entering ``node`` times its batch factor."""
     if node.type.source:
         size = getattr(node.config, "batch_size", None)
-        return None if size is None else int(size) * node.type.factor(node.config)
+        if size is None:
+            return None
+        # A source may pad its batch to the ranks (data.tasks with each_pair_once).
+        padded = getattr(node.config, "padded_batch_size", None)
+        size = padded(node.layout.dp_size) if padded is not None else size
+        return int(size) * node.type.factor(node.config)
     by_id = {n.id: n for n in order}
     sizes = {by_id[d].global_batch for d in node.deps if d in by_id}
     sizes.discard(None)

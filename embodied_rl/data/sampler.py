@@ -107,6 +107,13 @@ class EpochSampler:
         offset = (self.epoch * self.steps_per_epoch + self.step_in_epoch) * self.global_batch_size
         return rows, range(offset + first, offset + first + b)
 
+    def current_positions(self) -> range:
+        """Positions of this rank's rows of the next step in the epoch's order (a position
+        ``>= num_rows`` is a row repeated to fill the epoch's last batch)."""
+        b = self.local_batch_size
+        start = self.step_in_epoch * self.global_batch_size + self.dp_rank * b
+        return range(start, start + b)
+
     def advance(self) -> None:
         self.step_in_epoch += 1
         if self.step_in_epoch >= self.steps_per_epoch:

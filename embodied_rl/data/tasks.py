@@ -112,6 +112,11 @@ def check_task_ids(tasks: Sequence[int], num_tasks: int) -> None:
         raise ValueError(f"task ids {repeated} are listed more than once; list each task once")
 
 
+def padded_batch_size(batch_size: int, dp_size: int) -> int:
+    """``batch_size`` rounded up to a multiple of ``dp_size``."""
+    return -(-batch_size // dp_size) * dp_size
+
+
 def manifest(tasks: Sequence[int], init_states: Sequence[int]) -> list[tuple[int, int]]:
     """All (task, init state) pairs, task-major."""
     return [(t, s) for t in tasks for s in init_states]
@@ -122,6 +127,11 @@ class TaskManifestLoader:
 
     A manifest comes from the config, not a file: a bad task id is a config error (see
     :func:`check_task_ids`), so ``dropped`` is always empty (the prompt loader's counterpart).
+
+    With ``each_pair_once`` (evaluations: one episode per pair) the global batch may be any
+    size: it is padded up to a multiple of ``dp_size``, and every row that only repeats a pair
+    (the padding, or the rows that fill a batch larger than the manifest) is marked PADDED:
+    rollouts run it like any row, evaluations leave it out.
     """
 
     @property
@@ -137,8 +147,12 @@ class TaskManifestLoader:
         dp_size: int,
         seed: int,
         shuffle: bool = True,
+        each_pair_once: bool = False,
     ) -> None:
         self.rows = list(rows)
+        self.batch_size, self.each_pair_once = global_batch_size, each_pair_once
+        if each_pair_once:
+            global_batch_size = padded_batch_size(global_batch_size, dp_size)
         # Manifests are small: repeat rows rather than drop a partial last batch.
         self.sampler = EpochSampler(
             len(self.rows),
@@ -156,17 +170,30 @@ class TaskManifestLoader:
         return self.sampler.epoch
 
     def next_batch(self) -> TensorDict:
-        """TASK_ID, INIT_STATE_ID and SAMPLE_ID (B / dp,) of this rank's next rows."""
+        """TASK_ID, INIT_STATE_ID and SAMPLE_ID (B / dp,) of this rank's next rows, and with
+        ``each_pair_once`` PADDED (B / dp,) bool."""
         indices, sample_ids = self.sampler.current()
+        padded = self._padded()
         self.sampler.advance()
         pairs = [self.rows[i] for i in indices]
-        return make_batch(
-            {
-                K.TASK_ID: torch.tensor([p[0] for p in pairs], dtype=torch.int64),
-                K.INIT_STATE_ID: torch.tensor([p[1] for p in pairs], dtype=torch.int64),
-                K.SAMPLE_ID: torch.tensor(list(sample_ids), dtype=torch.int64),
-            }
-        )
+        fields = {
+            K.TASK_ID: torch.tensor([p[0] for p in pairs], dtype=torch.int64),
+            K.INIT_STATE_ID: torch.tensor([p[1] for p in pairs], dtype=torch.int64),
+            K.SAMPLE_ID: torch.tensor(list(sample_ids), dtype=torch.int64),
+        }
+        if self.each_pair_once:
+            fields[K.PADDED] = torch.tensor(padded, dtype=torch.bool)
+        return make_batch(fields)
+
+    def _padded(self) -> list[bool]:
+        """Per row of this rank's next step: whether it lies past the configured batch (the
+        padding to a multiple of dp_size) or past the manifest (a repeated pair)."""
+        sampler = self.sampler
+        step_start = sampler.step_in_epoch * sampler.global_batch_size
+        return [
+            position - step_start >= self.batch_size or position >= len(self.rows)
+            for position in sampler.current_positions()
+        ]
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.sampler.state_dict(), "rows": len(self.rows)}

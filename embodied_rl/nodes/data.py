@@ -23,6 +23,7 @@ from embodied_rl.data.tasks import (
     TaskManifestLoader,
     check_task_ids,
     manifest,
+    padded_batch_size,
     split_init_states,
     split_size,
 )
@@ -192,6 +193,9 @@ class TaskDataConfig:
         batch_size: (task, init state) pairs per step over ALL ranks; each becomes a group of
             ``group_size`` rollouts in ``rollout.env``.
         shuffle: reshuffle every epoch.
+        each_pair_once: evaluations: any batch_size (padded to a multiple of the ranks),
+            rows that only repeat a pair marked PADDED and left out of the results
+            (:class:`embodied_rl.data.tasks.TaskManifestLoader`).
     """
 
     num_tasks: int
@@ -201,6 +205,7 @@ class TaskDataConfig:
     heldout_every: int = 5
     batch_size: int = 2
     shuffle: bool = True
+    each_pair_once: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self, ("num_tasks", "num_init_states", "batch_size"), 1)
@@ -208,6 +213,13 @@ class TaskDataConfig:
         if self.tasks is not None:
             check_task_ids(self.tasks, self.num_tasks)
         split_size(self.num_init_states, self.heldout_every, self.split)
+
+    def padded_batch_size(self, dp_size: int) -> int:
+        """Rows per step over ``dp_size`` ranks: ``batch_size``, padded up to a multiple of
+        them with ``each_pair_once`` (the DAG check asks every source node's config)."""
+        return (
+            padded_batch_size(self.batch_size, dp_size) if self.each_pair_once else self.batch_size
+        )
 
     def ids_written(self) -> dict[str, tuple[int, str]]:
         """Batch key -> (exclusive bound of the ids this node draws, the setting that says so),
@@ -238,12 +250,17 @@ def setup_task_loader(ctx: NodeContext) -> None:
         dp_size=ctx.dp_size,
         seed=int(ctx.cfg.seed),
         shuffle=cfg.shuffle,
+        each_pair_once=cfg.each_pair_once,
     )
+
+
+def _task_keys(cfg: TaskDataConfig) -> tuple[str, ...]:
+    return (K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID) + ((K.PADDED,) if cfg.each_pair_once else ())
 
 
 @register_node(
     "data.tasks",
-    writes=(K.TASK_ID, K.INIT_STATE_ID, K.SAMPLE_ID),
+    writes=_task_keys,
     source=True,
     config=TaskDataConfig,
     setup=setup_task_loader,

@@ -29,7 +29,6 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.data.batch import batch_len
 from embodied_rl.eval_episodes import (
     CHART_FILE,
     REPORT_HTML,
@@ -39,6 +38,7 @@ from embodied_rl.eval_episodes import (
     check_folder_name,
     gather_episodes,
     local_episodes,
+    padded_rows,
     step_folder,
     written_videos,
 )
@@ -101,12 +101,14 @@ def task_table(episodes: Sequence[Episode]) -> list[TaskRow]:
 
 
 def _log_metrics(ctx: NodeContext, batch: TensorDict, name: str) -> None:
-    """``<name>/success_rate`` and ``<name>/success/task_<k>``, weighted by episodes."""
-    n = batch_len(batch)
+    """``<name>/success_rate`` and ``<name>/success/task_<k>``, weighted by episodes (rows
+    marked PADDED are not episodes)."""
+    kept = ~padded_rows(batch)
+    n = int(kept.sum())
     if n == 0:
         return
-    success = batch[K.SUCCESS].float()
-    tasks = batch[K.TASK_ID]
+    success = batch[K.SUCCESS][kept].float()
+    tasks = batch[K.TASK_ID][kept]
     ctx.metrics.log(f"{name}/success_rate", success.mean().item(), weight=n)
     for task in sorted(set(tasks.tolist())):
         picked = success[tasks == task]

@@ -113,3 +113,41 @@ def test_a_manifest_drops_nothing():
         manifest([0], [0, 1]), global_batch_size=2, dp_rank=0, dp_size=1, seed=0
     )
     assert loader.dropped == {}
+
+
+def _evaluation_rows(size: int, batch: int, dp: int) -> list[list[tuple[int, int, bool]]]:
+    """Per rank, (task, init state, padded) of an evaluation loader's first step."""
+    rows = manifest([0, 1], list(range(size)))[:size]
+    out = []
+    for rank in range(dp):
+        loader = TaskManifestLoader(
+            rows, global_batch_size=batch, dp_rank=rank, dp_size=dp, seed=0, shuffle=False,
+            each_pair_once=True,
+        )  # fmt: skip
+        b = loader.next_batch()
+        out.append(
+            list(zip(b[K.TASK_ID].tolist(), b[K.INIT_STATE_ID].tolist(), b[K.PADDED].tolist()))
+        )
+    return out
+
+
+def test_an_evaluation_batch_is_padded_to_the_ranks_and_repeats_are_marked():
+    # 5 pairs on 2 ranks: padded to 6, the sixth (a repeat of the first pair) marked.
+    rank0, rank1 = _evaluation_rows(5, 5, 2)
+    assert rank0 == [(0, 0, False), (0, 1, False), (0, 2, False)]
+    assert rank1 == [(0, 3, False), (0, 4, False), (0, 0, True)]
+    # A batch larger than the manifest: every pair once, the filling repeats marked.
+    (alone,) = _evaluation_rows(3, 5, 1)
+    assert [p for *_, p in alone] == [False, False, False, True, True]
+    assert {(t, s) for t, s, p in alone if not p} == {(0, 0), (0, 1), (0, 2)}
+    # Divisible and no larger than the manifest: nothing marked, nothing added.
+    assert all(not p for rank in _evaluation_rows(6, 6, 3) for *_, p in rank)
+    # Training loaders are unchanged: no PADDED key, the batch must divide over the ranks.
+    train = TaskManifestLoader(
+        manifest([0], [0, 1]), global_batch_size=2, dp_rank=0, dp_size=2, seed=0
+    )
+    assert K.PADDED not in train.next_batch().keys()
+    with pytest.raises(ValueError, match="not a positive multiple"):
+        TaskManifestLoader(
+            manifest([0], [0, 1, 2]), global_batch_size=3, dp_rank=0, dp_size=2, seed=0
+        )

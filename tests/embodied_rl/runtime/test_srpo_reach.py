@@ -55,3 +55,11 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
     assert main([*args, "eval.batch_size=50", "eval.split=all", "eval.name=eval_all"]) == 0
     (own,) = result.run_dir.glob("eval_all_2*")
     assert (own / "eval_all" / "step_000002" / "report.html").exists()
+    # 5 validation pairs over the 2 workers: padded to 6, and the repeat is not an episode.
+    name = "eval_validation"
+    assert main([*args, "eval.batch_size=5", "eval.split=validation", f"eval.name={name}"]) == 0
+    (own,) = result.run_dir.glob(f"{name}_2*")
+    rows = [json.loads(x) for x in (own / name / "results.jsonl").read_text().splitlines()]
+    assert [(r["task"], r["episodes"]) for r in rows] == [(0, 5)]
+    metrics = json.loads((own / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics[f"{name}/success_rate"] == pytest.approx(rows[0]["successes"] / 5)
