@@ -201,11 +201,11 @@ CASES = [
     pytest.param(
         "train --config-name srpo_reach data.batch_size=3", "not divisible", id="batch-odd"
     ),
-    pytest.param(  # four nodes refuse it: the validator's list of problems, one per line
-        "train --config-name srpo_reach eval.batch_size=7",
-        "invalid DAG (4 problem(s))",
-        id="eval-batch-odd-several-problems",
-    ),
+    pytest.param(  # eight nodes refuse it: the validator's list of problems, one per line
+        "train --config-name srpo_reach data.batch_size=7 rollout.group_size=3",
+        "invalid DAG (8 problem(s))",
+        id="batch-and-group-odd-several-problems",
+    ),  # (an odd eval.batch_size is no error: evaluations pad to the workers)
     pytest.param(
         "train --config-name srpo_reach trainer.preempt_grace_s=-1",
         "preempt_grace_s",
