@@ -159,11 +159,12 @@ def demos_of_tasks(
     kept = [info for info in infos if info.task_id in wanted]
     if not kept:
         found = sorted({info.task_id for info in infos if info.task_id is not None})
+        strays = any(info.task_id is None for info in infos)  # instructions not in the suite
         raise ValueError(
             f"no demo in data.paths is of data.tasks={list(tasks)} (the demos hold tasks "
-            f"{found}{' and instructions of no task of ' + suite if None in {i.task_id for i in infos} else ''}"
-            f"). Fix: generate them with `embodied-rl demos --tasks "
-            f"{' '.join(map(str, tasks))}` or point data.paths at their folder"
+            f"{found}{f' and instructions of no task of {suite}' if strays else ''}). Fix: "
+            f"generate them with `embodied-rl demos --tasks {' '.join(map(str, tasks))}` or "
+            "point data.paths at their folder"
         )
     return kept
 
