@@ -1,4 +1,5 @@
-"""Range checks with one message shape, for config ``__post_init__`` and function arguments.
+"""Range checks with one message shape, for config ``__post_init__`` and function arguments,
+and :func:`options_dataclass`: an options mapping into its dataclass, unknown keys refused.
 
 ``check_range("top_p", 1.5, low=0, high=1, low_open=True)`` raises
 ``ValueError("top_p must be in (0, 1], got 1.5")``; a bound alone reads ``> 0``, ``>= 1`` or
@@ -8,7 +9,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+OptionsT = TypeVar("OptionsT")
 
 
 def _number(bound: float) -> str:
@@ -70,3 +75,23 @@ def check_fields(owner: Any, names: tuple[str, ...], *args: Any, **kwargs: Any) 
     ``check_fields(self, ("lr", "eps"), 0, low_open=True)``; the bounds as in check_range."""
     for name in names:
         check_range(name, getattr(owner, name), *args, **kwargs)
+
+
+def options_dataclass(
+    cls: type[OptionsT], options: Mapping[str, Any] | None, owner: str
+) -> OptionsT:
+    """``cls(**options)`` for an options dataclass, refusing keys it has no field for.
+
+    ``owner`` names whose options they are, e.g. ``"simulator 'libero'"``, ``"mlp policy"``,
+    ``"data.lerobot"``; ``None`` options are the defaults.
+
+    Raises:
+        ValueError: ``"<owner>: unknown option(s) ['x']; valid options: a, b"`` (then any
+            error of ``cls``'s own checks).
+    """
+    options = dict(options or {})
+    valid = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"{owner}: unknown option(s) {unknown}; valid options: {', '.join(valid)}")
+    return cls(**options)

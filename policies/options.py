@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from embodied_rl.checks import options_dataclass
+
 
 class PolicyOptions:
     """``from_options`` and ``architecture_options`` of a policy's options dataclass."""
@@ -21,13 +23,7 @@ class PolicyOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Any:
         """Build from a mapping of field values; unknown keys are an error naming valid keys."""
-        valid = sorted(f.name for f in dataclasses.fields(cls))
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"unknown {cls.policy_name} policy option(s) {unknown}; valid options: {valid}"
-            )
-        return cls(**dict(options))
+        return options_dataclass(cls, options, f"{cls.policy_name} policy")
 
     @classmethod
     def architecture_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:

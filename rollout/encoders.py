@@ -26,7 +26,6 @@ linspace over the valid length, or the valid frames cycled when the episode is s
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied_rl.checks import check_fields
+from embodied_rl.checks import check_fields, options_dataclass
 from embodied_rl.data.episode_videos import sample_frame_indices
 from embodied_rl.registry import VIDEO_ENCODERS
 
@@ -112,12 +111,7 @@ class VideoEncoder(nn.Module, abc.ABC):
 
 def _options(cls: type, raw: Mapping[str, Any] | None, name: str) -> Any:
     """Build an options dataclass, naming the unknown keys if there are any."""
-    raw = dict(raw or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{name}: unknown option(s) {unknown}; valid: {sorted(known)}")
-    return cls(**raw)
+    return options_dataclass(cls, raw, name)
 
 
 # --- cheap built-in encoder ---------------------------------------------------------------

@@ -33,14 +33,13 @@ an env: :meth:`Simulator.check_options` builds the config dataclass (its range c
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
-from embodied_rl.checks import check_fields
+from embodied_rl.checks import check_fields, options_dataclass
 from embodied_rl.registry import SIMULATORS
 
 ConfigT = TypeVar("ConfigT")
@@ -289,15 +288,7 @@ def config_from_options(
     Raises:
         ValueError: naming the unknown options and listing the valid ones.
     """
-    options = dict(options or {})
-    valid = [field.name for field in dataclasses.fields(config_cls)]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for simulator {simulator!r}; "
-            f"valid options: {', '.join(valid)}"
-        )
-    return config_cls(**options)
+    return options_dataclass(config_cls, options, f"simulator {simulator!r}")
 
 
 def check_reset_ids(

@@ -33,12 +33,13 @@ import functools
 import io
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from embodied_rl.checks import options_dataclass
 from embodied_rl.data.demos import (
     ACTION_DIM,
     PROPRIO_DIM,
@@ -95,12 +96,7 @@ class LeRobotFeatures:
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> LeRobotFeatures:
         """From ``data.lerobot`` (``None``: the defaults); unknown keys are refused."""
-        options = dict(options or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"data.lerobot has unknown keys {unknown}; the keys are {known}")
-        return cls(**options)
+        return options_dataclass(cls, options, "data.lerobot")
 
     def camera_feature(self, camera: str) -> str | None:
         return getattr(self, CAMERA_FEATURES[camera])

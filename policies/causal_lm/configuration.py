@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from embodied_rl.checks import options_dataclass
 
 PRESETS = ("tiny_qwen2",)
 DTYPES: dict[str, torch.dtype] = {
@@ -95,10 +96,4 @@ class CausalLMConfig:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> CausalLMConfig:
         """Build from a mapping of field values; unknown keys are an error naming valid keys."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"unknown causal_lm policy option(s) {unknown}; valid options: {sorted(valid)}"
-            )
-        return cls(**dict(options))
+        return options_dataclass(cls, options, "causal_lm policy")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied_rl.checks import check_fields, check_range
+from embodied_rl.checks import check_fields, check_range, options_dataclass
 from embodied_rl.registry import POLICIES
 from rollout.encoders import preprocess_clips
 
@@ -167,12 +167,7 @@ def build_vjepa2_world_model(
     """Registry builder of ``world_model.vjepa2`` (imports transformers only when used)."""
     from transformers import VJEPA2Config, VJEPA2Model
 
-    raw = dict(options or {})
-    known = set(VJepa2WorldModelOptions.__dataclass_fields__)
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{NAME}: unknown option(s) {unknown}; valid: {sorted(known)}")
-    opts = VJepa2WorldModelOptions(**raw)
+    opts = options_dataclass(VJepa2WorldModelOptions, options, NAME)
     if opts.path is not None:
         model = VJEPA2Model.from_pretrained(opts.path, local_files_only=True, use_safetensors=True)
     else:

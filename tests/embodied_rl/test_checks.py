@@ -1,12 +1,14 @@
-"""The shared range check: which values pass and the exact message of those that do not."""
+"""The shared range check: which values pass and the exact message of those that do not; the
+shared options-mapping-to-dataclass builder."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 
-from embodied_rl.checks import check_fields, check_range
+from embodied_rl.checks import check_fields, check_range, options_dataclass
 
 
 @pytest.mark.parametrize(
@@ -61,3 +63,23 @@ def test_check_fields_names_the_first_bad_field():
 def test_a_check_without_bounds_is_a_programming_error():
     with pytest.raises(TypeError):
         check_range("x", 1)
+
+
+@dataclass
+class _Options:
+    width: int = 4
+    name: str = "a"
+
+    def __post_init__(self) -> None:
+        check_range("width", self.width, 1)
+
+
+def test_options_dataclass_builds_defaults_and_refuses_unknown_keys_naming_the_valid_ones():
+    assert options_dataclass(_Options, None, "tiny policy") == _Options()
+    assert options_dataclass(_Options, {"width": 8}, "tiny policy") == _Options(width=8)
+    message = "tiny policy: unknown option(s) ['depth', 'wdth']; valid options: width, name"
+    with pytest.raises(ValueError) as error:
+        options_dataclass(_Options, {"wdth": 8, "depth": 2, "name": "b"}, "tiny policy")
+    assert str(error.value) == message
+    with pytest.raises(ValueError, match="width must be >= 1, got 0"):  # the class's own check
+        options_dataclass(_Options, {"width": 0}, "tiny policy")

@@ -94,7 +94,7 @@ def test_same_seed_same_weights_and_value_head():
 
 
 def test_bad_options_name_the_fix():
-    with pytest.raises(ValueError, match="unknown mlp policy option"):
+    with pytest.raises(ValueError, match=r"mlp policy: unknown option\(s\) "):
         build_mlp_policy({"state_dims": 3}, CPU)
     with pytest.raises(ValueError, match="needs an input"):
         build_mlp_policy({"state_dim": 0}, CPU)

@@ -61,7 +61,7 @@ def trajectories(obs: np.ndarray, tokens: torch.Tensor, prompts: list[str]) -> T
 def test_registered_and_options_validated(policy: OpenVLAPolicy) -> None:
     assert POLICIES.get("openvla") is build_openvla
     assert isinstance(policy, EmbodiedPolicy) and policy.tokens_per_step == 7
-    with pytest.raises(ValueError, match=r"unknown openvla policy option\(s\) \['chunk'\]"):
+    with pytest.raises(ValueError, match=r"openvla policy: unknown option\(s\) \['chunk'\]"):
         build_openvla({"chunk": 8}, CPU)
     with pytest.raises(ValueError, match="exactly one of preset"):
         build_openvla({"path": "/nowhere"}, CPU)

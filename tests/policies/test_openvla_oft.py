@@ -85,7 +85,7 @@ def prompts() -> list[str]:
 
 def test_registered_and_options_validated() -> None:
     assert POLICIES.get("openvla_oft") is build_openvla_oft
-    with pytest.raises(ValueError, match=r"unknown openvla_oft policy option\(s\) \['chunks'\]"):
+    with pytest.raises(ValueError, match=r"openvla_oft policy: unknown option\(s\) \['chunks'\]"):
         build_openvla_oft({"chunks": 8}, CPU)
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         build_openvla_oft({"chunk": 0}, CPU)

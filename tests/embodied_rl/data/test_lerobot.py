@@ -113,7 +113,7 @@ def test_demo_node_config_reads_the_mapping_and_refuses_unknown_keys(tmp_path):
     config = DemoDataConfig(paths=[str(root)], lerobot={"wrist_image": None}, heldout_every=5)
     config.check_inputs()
     assert config.lerobot_features.wrist_image is None
-    with pytest.raises(ValueError, match=r"data.lerobot has unknown keys \['camera'\]"):
+    with pytest.raises(ValueError, match=r"data.lerobot: unknown option\(s\) \['camera'\]"):
         DemoDataConfig(paths=[str(root)], lerobot={"camera": "x"})
     with pytest.raises(ValueError, match="data.lerobot.gripper='open'"):
         DemoDataConfig(paths=[str(root)], lerobot={"gripper": "open"})
