@@ -156,10 +156,11 @@ def fmt(value: Any) -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Iterable[str] | None = None) -> str:
-    """Print ``rows`` as a Markdown table (pasteable into BENCHMARKS.md); returns the text."""
+    """Print ``rows`` as a Markdown table (pasteable into BENCHMARKS.md); returns the text.
+    No rows (a benchmark with nothing finished yet) print the header alone."""
     cols = list(columns) if columns is not None else list(rows[0])
     cells = [[fmt(row.get(c)) for c in cols] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
     line = lambda items: "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths)) + " |"  # noqa: E731
     text = "\n".join(
         [line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)]

@@ -20,9 +20,18 @@ reported number). All runs start from the same one-demo SFT checkpoint
    The seed (``seed=``) sets the rollouts' sampling and the task order; the SFT start is shared.
 
 A finished run (its ``eval_test`` results exist, in ``<runs>/tasks_<ids>/<method>_seed<N>``)
-is reused, so the benchmark resumes where it stopped; ``--fresh`` reruns. Every command is
+is reused, so the benchmark resumes where it stopped; ``--fresh`` reruns. ``--recorded`` (an
+earlier JSON of this benchmark, e.g. ``docs/benchmarks/srpo_world_model.json``) resumes on
+another machine: its rows stand in for the runs whose folders are not here, provided its SFT
+start scored exactly as this one does (the check that both runs start from the same policy;
+the SFT is deterministic given its command). Every command is
 recorded in the JSON with the per-seed curves; the table gives mean and spread (sample
 standard deviation over seeds) of test success.
+
+``--policy`` (default ``mlp_image``) names the SFT start's policy config (e.g.
+``flow_vla_tiny``, SFT'd by ``sft_libero`` with that ``policy=``); another policy's runs live
+under ``<runs>/<policy>/`` and its results are ``srpo_world_model_<policy>.{json,png}``, so
+every policy is compared on the same tasks, splits and budget without mixing results.
 
 The world model's encoder pools its tokens with ``--world-model-pooling`` (default
 ``mean_and_end``: chosen on the validation videos of ``world_model_latents.py``, where it
@@ -40,11 +49,13 @@ evaluation; 9 runs, resumable, so a session can take a few of them)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
 import sys
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +64,7 @@ from libero_learning import cli, evaluations, read_jsonl, run
 from world_model_pretraining import ENCODER_FRAMES
 
 NAME = "srpo_world_model"
+DEFAULT_POLICY = "mlp_image"
 TRAINED_MARKER = "bench_trained.json"  # written when a run's RL phase has finished
 METHODS = ("srpo_world_model", "srpo_pooled_pixels", "grpo")
 HELDOUT_EVERY = 5  # as world_model_pretraining: its validation videos are this split's
@@ -62,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sft", type=Path, required=True, help="the one-demo SFT run")
     parser.add_argument("--world-model", type=Path, required=True, help="embodied-rl export dir")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, help="the SFT start's policy config")
     parser.add_argument("--suite", default="libero_object")
     parser.add_argument("--tasks", type=int, nargs="+", default=None, help="default: weakest")
     parser.add_argument("--num-tasks", type=int, default=2)
@@ -77,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument(
+        "--recorded", type=Path, default=None,
+        help="an earlier JSON of this benchmark whose runs stand in for missing run folders",
+    )  # fmt: skip
+    parser.add_argument(
         "--report", action="store_true",
         help="run nothing: the table and plot of the (method, seed) runs already finished",
     )  # fmt: skip
@@ -87,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def shared(args: argparse.Namespace, tasks: list[int] | None) -> list[str]:
     chosen = [f"data.tasks=[{','.join(str(t) for t in tasks)}]"] if tasks is not None else []
     return [
-        "policy=mlp_image",
+        f"policy={args.policy}",
         f"simulator.options.suite={args.suite}",
         f"simulator.options.max_steps={args.max_steps}",
         "+simulator.options.max_cached_tasks=2",
@@ -213,7 +230,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def plot(rows: list[dict[str, Any]], start: float, out: Path | None) -> Path:
+def plot(rows: list[dict[str, Any]], start: float, policy: str, out: Path | None) -> Path:
     fig, axes = common.new_figure(width=6.0, height=4.0)
     ax = axes[0]
     ax.axhline(100 * start, color="grey", linestyle="--", label=f"SFT start ({100 * start:.0f}%)")
@@ -227,22 +244,58 @@ def plot(rows: list[dict[str, Any]], start: float, out: Path | None) -> Path:
     ax.set_ylabel("validation success (%)")
     ax.set_ylim(0, 100)
     ax.legend(loc="lower right")
-    ax.set_title("SRPO reward encoders vs GRPO (one line per seed)")
-    return common.save_figure(fig, NAME, out)
+    ax.set_title(f"{policy}: SRPO reward encoders vs GRPO (one line per seed)")
+    return common.save_figure(fig, result_name(policy), out)
 
 
 # ------------------------------------------------------------------------------- phases
+def result_name(policy: str) -> str:
+    """The JSON / plot name of ``policy``'s results (the default policy's: the benchmark's)."""
+    return NAME if policy == DEFAULT_POLICY else f"{NAME}_{policy}"
+
+
+def policy_folder(args: argparse.Namespace) -> Path:
+    """Where ``--policy``'s runs and logs live (the default policy's runs keep the layout of
+    the first reported runs: directly under ``--runs``)."""
+    return args.runs if args.policy == DEFAULT_POLICY else args.runs / args.policy
+
+
 def tasks_folder(args: argparse.Namespace, tasks: list[int]) -> Path:
-    """Where the runs on ``tasks`` live: another task choice never reuses their results."""
-    return args.runs / ("tasks_" + "_".join(str(t) for t in tasks))
+    """Where the runs on ``tasks`` live: another task choice or policy never reuses their
+    results."""
+    return policy_folder(args) / ("tasks_" + "_".join(str(t) for t in tasks))
+
+
+def weights_sha256(run_dir: Path) -> str | None:
+    """sha256 of the actor weights of ``run_dir``'s newest checkpoint (each entry's name and
+    bytes, in name order): the same policy gives the same digest whatever the optimiser
+    state, RNG state or file layout around it; ``None`` without a checkpoint."""
+    import torch
+
+    from embodied_rl.checkpoint import latest_checkpoint, load_entry
+
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is None:
+        return None
+    state = load_entry(checkpoint, "models")["model/actor"]
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
 
 
 def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[list[int], dict]:
-    """Validation success of the SFT start on every task; the RL tasks; their test success."""
+    """Validation success of the SFT start on every task; the RL tasks; their test success;
+    the digest of its weights (:func:`weights_sha256`: how a rerun knows it starts there)."""
     if success(args.sft, "eval_validation") is None or args.fresh:
         command = eval_command(args, "sft_libero", args.sft, None, "validation")
         commands["start_validation"] = " ".join(command[2:])
-        run(command, args.runs / "logs" / "start_validation.log")
+        run(command, policy_folder(args) / "logs" / "start_validation.log")
     tasks, rates = weakest_tasks(args.sft, args.num_tasks)
     tasks = args.tasks if args.tasks is not None else tasks
     start_test = tasks_folder(args, tasks) / "start_test"  # the RL tasks' test split
@@ -252,16 +305,95 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
         command = eval_command(args, "sft_libero", start_test, tasks, "test")
         commands["start_test"] = " ".join(command[2:])
         run(command, tasks_folder(args, tasks) / "logs" / "start_test.log")
-    return tasks, {"validation_by_task": rates, "test": success(start_test, "eval_test")}
+    return tasks, {
+        "validation_by_task": rates,
+        "test": success(start_test, "eval_test"),
+        "weights_sha256": weights_sha256(args.sft),
+    }
+
+
+def recorded_runs(
+    path: Path | None, tasks: list[int], start: dict[str, Any], name: str = NAME
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """The finished runs of an earlier JSON of this benchmark, by (method, seed), each marked
+    ``reused_from`` the file and, where the row does not say, ``ran`` at the file's commit
+    and date (those of the report that wrote it: the run itself may be older). The starts
+    must agree in their scores and, where both files have it, their weights' digest.
+
+    Raises:
+        ValueError: the file is another benchmark's (or policy's: ``name`` is the result
+            name, :func:`result_name`), or its runs were on other tasks or from
+            a start that scored differently (then they are not comparable with new runs).
+    """
+    if path is None:
+        return {}
+    body = json.loads(path.read_text())
+    if body.get("benchmark") != name:
+        raise ValueError(
+            f"--recorded {path}: not a {name} result (benchmark={body.get('benchmark')!r})"
+        )
+    theirs = body.get("start", {})
+    # JSON keys are strings: compare the start's numbers task by task
+    their_rates = {int(k): v for k, v in theirs.get("validation_by_task", {}).items()}
+    their_test = (theirs.get("test") or {}).get("successes")
+    ours_test = (start.get("test") or {}).get("successes")
+    mismatch = []
+    if body.get("tasks") != tasks:
+        mismatch.append(f"RL tasks {body.get('tasks')} vs {tasks}")
+    if their_rates != start["validation_by_task"]:
+        mismatch.append(f"start validation {their_rates} vs {start['validation_by_task']}")
+    if their_test != ours_test:
+        mismatch.append(f"start test successes {their_test} vs {ours_test}")
+    their_weights, our_weights = theirs.get("weights_sha256"), start.get("weights_sha256")
+    if their_weights and our_weights and their_weights != our_weights:
+        mismatch.append(f"start weights sha256 {their_weights[:12]} vs {our_weights[:12]}")
+    if mismatch:
+        raise ValueError(
+            f"--recorded {path}: its runs did not start where these do ({'; '.join(mismatch)});"
+            " rebuild the SFT start with the command in its JSON, or leave --recorded out"
+        )
+    machine = body.get("machine", {})
+    written = {"commit": machine.get("commit"), "date": machine.get("date")}
+    return {
+        (row["method"], int(row["seed"])): {
+            **row,
+            "ran": row.get("ran") or written,
+            "reused_from": str(path),
+        }
+        for row in body.get("runs", [])
+        if row.get("test")
+    }
+
+
+def where_run() -> dict[str, Any]:
+    """The commit and date a run finished at (kept in its marker, reported with its row)."""
+    return {"commit": common.machine_info()["commit"], "date": date.today().isoformat()}
+
+
+def run_provenance(marker: Path) -> dict[str, Any]:
+    """``{commit, date}`` from a run's marker; a marker written before they were kept gives
+    its file date and no commit."""
+    if not marker.exists():
+        return {"commit": None, "date": None}
+    body = json.loads(marker.read_text())
+    written = date.fromtimestamp(marker.stat().st_mtime).isoformat()
+    return {"commit": body.get("commit"), "date": body.get("date", written)}
 
 
 def rl_phase(
-    args: argparse.Namespace, method: str, seed: int, tasks: list[int]
+    args: argparse.Namespace,
+    method: str,
+    seed: int,
+    tasks: list[int],
+    recorded: dict[tuple[str, int], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """One (method, seed): RL, then the test evaluation; each phase is skipped when done.
+    A run with no folder here that ``recorded`` holds is that row (unless ``--fresh``).
     With ``--report``, ``None`` for a run not finished (nothing is run)."""
     run_dir = tasks_folder(args, tasks) / f"{method}_seed{seed}"
     finished = success(run_dir, "eval_test") is not None
+    if not run_dir.exists() and not args.fresh and (method, seed) in (recorded or {}):
+        return recorded[(method, seed)]
     if args.report and not finished:
         return None
     config = "grpo_libero" if method == "grpo" else "srpo_libero"
@@ -277,7 +409,8 @@ def rl_phase(
     elif args.fresh or not trained.exists():  # a run cut short starts again: same budget
         shutil.rmtree(run_dir, ignore_errors=True)
         seconds = run(commands["train"], logs / f"{method}_seed{seed}_train.log")
-        trained.write_text(json.dumps({"seconds": seconds, "command": commands["train"]}))
+        marker = {"seconds": seconds, "command": commands["train"], **where_run()}
+        trained.write_text(json.dumps(marker))
     if not args.report and success(run_dir, "eval_test") is None:
         run(commands["test"], logs / f"{method}_seed{seed}_test.log")
     validation = evaluations(run_dir, "eval")
@@ -286,6 +419,7 @@ def rl_phase(
         for step, e in sorted(validation.items())
     ]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
+    ran = run_provenance(trained)
     return {
         "method": method,
         "seed": seed,
@@ -295,6 +429,7 @@ def rl_phase(
         "rl_steps": len(metrics),
         "rl_minutes": metrics[-1].get("time/elapsed_s", 0.0) / 60.0 if metrics else 0.0,
         "commands": {k: " ".join(v[2:]) for k, v in commands.items()},
+        "ran": ran,
     }
 
 
@@ -305,8 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, str] = {}
     tasks, start = start_phase(args, commands)
     print(f"RL tasks {tasks}; SFT start validation by task {start['validation_by_task']}")
+    recorded = recorded_runs(args.recorded, tasks, start, result_name(args.policy))
     # seed-major: a session that stops early has every method at the same number of seeds
-    rows = [rl_phase(args, method, seed, tasks) for seed in args.seeds for method in args.methods]
+    rows = [
+        rl_phase(args, method, seed, tasks, recorded)
+        for seed in args.seeds
+        for method in args.methods
+    ]
     rows = [row for row in rows if row is not None]
     table = summarise(rows)
     if start["test"] is not None:
@@ -320,10 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         "table": table,
         "runs": rows,
     }
-    common.write_results(NAME, payload, args.out)
+    common.write_results(result_name(args.policy), payload, args.out)
     # the curves are validation success on the RL tasks (equal episodes per task)
     by_task = start["validation_by_task"]
-    plot(rows, statistics.mean(by_task[t] for t in tasks), args.out)
+    plot(rows, statistics.mean(by_task[t] for t in tasks), args.policy, args.out)
     return 0
 
 

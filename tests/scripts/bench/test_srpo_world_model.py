@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from tests.scripts.bench.test_world_model_latents import _import_bench
 
 swm = _import_bench("srpo_world_model")
@@ -110,3 +112,96 @@ def test_report_runs_nothing_and_skips_unfinished_runs(tmp_path: Path):
     assert row["test"]["rate"] == 0.7 and row["curve"] == [{"step": 5, "rate": 0.5}]
     assert row["rl_steps"] == 2 and row["rl_minutes"] == 2.0
     assert not (run_dir.parent / "logs").exists()
+
+
+def test_recorded_runs_stand_in_for_missing_folders_only_from_the_same_start(tmp_path: Path):
+    start = {"validation_by_task": {3: 0.2, 7: 0.4}, "test": {"successes": 3, "episodes": 10}}
+    runs = [
+        {"method": "grpo", "seed": 0, "test": {"rate": 0.8}, "rl_steps": 16},
+        {"method": "grpo", "seed": 1, "test": None},  # never evaluated: not reused
+    ]
+    body = {
+        "benchmark": "srpo_world_model",
+        "machine": {"commit": "abc1234", "date": "2026-11-26"},
+        "tasks": [3, 7],
+        "start": {**start, "validation_by_task": {"3": 0.2, "7": 0.4}},  # as JSON keeps it
+        "runs": runs,
+    }
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps(body))
+    recorded = swm.recorded_runs(path, [3, 7], start)
+    assert set(recorded) == {("grpo", 0)}
+    assert recorded[("grpo", 0)]["ran"] == {"commit": "abc1234", "date": "2026-11-26"}
+    assert recorded[("grpo", 0)]["reused_from"] == str(path)
+
+    args = _args(tmp_path, "--report", "--runs", str(tmp_path / "runs"))
+    assert swm.rl_phase(args, "grpo", 0, [3, 7], recorded)["rl_steps"] == 16
+    assert swm.rl_phase(args, "grpo", 1, [3, 7], recorded) is None  # not recorded, not run
+    # a folder here wins over the recorded row: it is this machine's run of that seed
+    run_dir = tmp_path / "runs" / "tasks_3_7" / "grpo_seed0"
+    _write_eval(run_dir, "eval_test_20261127-100000-000001/eval_test", [(9, 3, 2, 5)])
+    assert swm.rl_phase(args, "grpo", 0, [3, 7], recorded)["test"]["rate"] == 0.4
+
+    other_weights = {**start, "weights_sha256": "f" * 64}
+    assert swm.recorded_runs(path, [3, 7], other_weights)  # the recorded file has no digest
+    body["start"]["weights_sha256"] = "e" * 64
+    path.write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=r"start weights sha256 eeeeeeeeeeee vs ffffffffffff"):
+        swm.recorded_runs(path, [3, 7], other_weights)
+    other_start = {**start, "test": {"successes": 4, "episodes": 10}}
+    with pytest.raises(ValueError, match=r"start test successes 3 vs 4.*rebuild the SFT start"):
+        swm.recorded_runs(path, [3, 7], other_start)
+    with pytest.raises(ValueError, match=r"RL tasks \[3, 7\] vs \[2, 7\]"):
+        swm.recorded_runs(path, [2, 7], start)
+    (tmp_path / "other.json").write_text(json.dumps({**body, "benchmark": "libero_learning"}))
+    with pytest.raises(ValueError, match="not a srpo_world_model result"):
+        swm.recorded_runs(tmp_path / "other.json", [3, 7], start)
+    assert swm.recorded_runs(None, [3, 7], start) == {}
+
+
+def test_another_policy_runs_apart_under_its_own_name(tmp_path: Path):
+    runs = tmp_path / "runs"
+    default = _args(tmp_path, "--runs", str(runs))
+    flow = _args(tmp_path, "--runs", str(runs), "--policy", "flow_vla_tiny")
+    assert "policy=mlp_image" in swm.rl_command(default, "grpo", 0, [5, 9], runs)
+    command = swm.rl_command(flow, "grpo", 0, [5, 9], runs)
+    assert "policy=flow_vla_tiny" in command and "policy=mlp_image" not in command
+    assert "policy=flow_vla_tiny" in swm.eval_command(flow, "sft_libero", runs, None, "validation")
+    # the reported mlp_image runs keep their folders; another policy's never mix with them
+    assert swm.tasks_folder(default, [5, 9]) == runs / "tasks_5_9"
+    assert swm.tasks_folder(flow, [5, 9]) == runs / "flow_vla_tiny" / "tasks_5_9"
+    assert swm.result_name("mlp_image") == "srpo_world_model"
+    assert swm.result_name("flow_vla_tiny") == "srpo_world_model_flow_vla_tiny"
+
+
+def test_the_table_of_no_finished_runs_is_its_header(capsys):
+    # --report before any run finishes (it failed here with a TypeError once)
+    text = swm.common.print_table([], ["method", "seeds"])
+    assert text == "| method | seeds |\n|--------|-------|"
+    assert swm.common.print_table([{"method": "grpo", "seeds": 3}], ["method", "seeds"]) == (
+        "| method | seeds |\n|--------|-------|\n| grpo   | 3     |"
+    )
+
+
+def _checkpoint(run_dir: Path, step: int, weights: dict, optimiser_step: int) -> None:
+    from embodied_rl.checkpoint import finalize, write_rank_shard
+
+    state = {"models": {"model/actor": weights, "optim/actor": {"step": optimiser_step}}}
+    write_rank_shard(run_dir / "checkpoints", step, 0, state)
+    finalize(run_dir / "checkpoints", step, 1)
+
+
+def test_the_start_digest_is_of_the_weights_alone(tmp_path: Path):
+    import torch
+
+    weights = {"w": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.zeros(3)}
+    assert swm.weights_sha256(tmp_path / "none") is None
+    _checkpoint(tmp_path / "a", 10, weights, optimiser_step=10)
+    _checkpoint(tmp_path / "b", 99, dict(weights), optimiser_step=3)  # other step, optimiser
+    assert swm.weights_sha256(tmp_path / "a") == swm.weights_sha256(tmp_path / "b")
+    changed = {**weights, "b": torch.tensor([0.0, 0.0, 1e-7])}
+    _checkpoint(tmp_path / "c", 10, changed, optimiser_step=10)
+    assert swm.weights_sha256(tmp_path / "c") != swm.weights_sha256(tmp_path / "a")
+    # the newest checkpoint is the start: a later one with other weights changes the digest
+    _checkpoint(tmp_path / "a", 20, changed, optimiser_step=20)
+    assert swm.weights_sha256(tmp_path / "a") == swm.weights_sha256(tmp_path / "c")
