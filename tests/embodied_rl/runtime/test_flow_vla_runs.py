@@ -89,3 +89,25 @@ def test_ppo_with_flow_noise_and_a_flow_critic_on_the_prefix_features(tmp_path):
     for m in lines:
         assert math.isfinite(m["loss/policy"]) and math.isfinite(m["critic/value_loss"])
         assert m["critic/value_loss"] > 0 and 0.5 < m["actor/ratio_mean"] < 2.0
+
+
+@pytest.mark.slow
+def test_srpo_lifts_the_greedy_flow_policy_on_reach(tmp_path):
+    """The learning check of the Flow-SDE log-probs: SRPO from random init raises greedy
+    (ODE) success on the held-out states; a learning rate of ~0 leaves it where it starts
+    (the starting policy's evaluation is step 0's row), so a gain measures the updates."""
+    # noise_level 1.0: with the preset's 0.5 the same 60 steps reach 0.6 greedy, 0.45 rollouts
+    overrides = _flow_on_reach("srpo_reach", "actor", logprob_method="sde", noise_level=1.0)
+    overrides += [
+        "eval.at_start=true", "eval.every=0", "eval.at_end=true",
+        "trainer.checkpoint_every=0", f"run_dir={tmp_path}",
+    ]  # fmt: skip
+    lines = _metrics(launch(compose("srpo_reach", overrides), show_progress=False).run_dir)
+    evaluations = [m["eval/success_rate"] for m in lines if "eval/success_rate" in m]
+    start, final = evaluations[0], evaluations[-1]
+    rollouts = [m["rollout/success_rate"] for m in lines]
+    # Measured (seed 0, 117 s): greedy 0.05 -> 0.925 on the 40 held-out pairs; rollouts
+    # 0.07 (first 3 steps) -> 0.97 (last 5)
+    assert start <= 0.3, start
+    assert final >= start + 0.5, (start, final)
+    assert np.mean(rollouts[-5:]) >= np.mean(rollouts[:3]) + 0.5, rollouts
