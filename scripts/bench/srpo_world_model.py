@@ -242,9 +242,9 @@ def plot(rows: list[dict[str, Any]], start: float, policy: str, out: Path | None
         ax.plot(xs, ys, color=colours[row["method"]], marker="o", alpha=0.7, label=label)
     ax.set_xlabel("RL step")
     ax.set_ylabel("validation success (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 104)  # markers at 100% stay whole
     ax.legend(loc="lower right")
-    ax.set_title(f"{policy}: SRPO reward encoders vs GRPO (one line per seed)")
+    ax.set_title(f"{policy}: SRPO rewards vs GRPO (a line per seed)", fontsize=10)
     return common.save_figure(fig, result_name(policy), out)
 
 
