@@ -435,6 +435,11 @@ def rl_phase(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.recorded is not None and not args.recorded.is_file():  # refused before any run
+        raise SystemExit(
+            f"error: --recorded {args.recorded}: no such file. Fix: give an earlier JSON of "
+            f"this benchmark (e.g. docs/benchmarks/{result_name(args.policy)}.json) or leave it out"
+        )
     args.runs = args.runs.resolve()
     args.runs.mkdir(parents=True, exist_ok=True)
     commands: dict[str, str] = {}

@@ -205,3 +205,12 @@ def test_the_start_digest_is_of_the_weights_alone(tmp_path: Path):
     # the newest checkpoint is the start: a later one with other weights changes the digest
     _checkpoint(tmp_path / "a", 20, changed, optimiser_step=20)
     assert swm.weights_sha256(tmp_path / "a") == swm.weights_sha256(tmp_path / "c")
+
+
+def test_a_missing_recorded_file_is_refused_before_anything_runs(tmp_path: Path):
+    runs = tmp_path / "runs"
+    argv = ["--sft", str(tmp_path / "sft"), "--world-model", str(tmp_path / "wm")]
+    argv += ["--runs", str(runs), "--recorded", str(tmp_path / "nope.json")]
+    with pytest.raises(SystemExit, match=r"error: --recorded .*nope.json: no such file. Fix:"):
+        swm.main(argv)
+    assert not runs.exists()
