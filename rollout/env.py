@@ -183,7 +183,8 @@ def _run_wave(
     phases: dict[str, float],
     shared: dict[str, Any],
 ) -> dict[str, Any]:
-    """Roll out up to ``num_envs`` episodes together; pads the wave to all envs.
+    """Roll out up to ``num_envs`` episodes together; the envs beyond them are left out of
+    the reset (``active``), so a short wave (an evaluation's last) simulates only its own.
 
     Adds the seconds spent in ``env.reset``, in ``env.step_chunk``/``env.render`` and in
     ``policy.act`` to ``phases["reset"]``, ``["step"]`` and ``["policy"]``. The reset and
@@ -193,10 +194,11 @@ def _run_wave(
     tasks, inits = rows[K.TASK_ID], rows[K.INIT_STATE_ID]
     count = len(tasks)
     pad = env.num_envs - count
-    task_ids = tasks.tolist() + [tasks[0].item()] * pad  # padding envs: results ignored
+    task_ids = tasks.tolist() + [tasks[0].item()] * pad  # spare envs: valid ids, left out
     init_ids = inits.tolist() + [inits[0].item()] * pad
+    active = np.arange(env.num_envs) < count
     with simulating(shared, "a rollout's reset"), _timed(phases, "reset"):
-        obs = env.reset(task_ids, init_ids)
+        obs = env.reset(task_ids, init_ids, active)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
     keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames", "actions")
@@ -207,8 +209,8 @@ def _run_wave(
     for t in range(horizon):
         if render and t % cfg.frame_stride == 0:
             with simulating(shared, "a rollout"), _timed(phases, "step"):
-                frames = env.render()
-            record["frames"].append(frames[:count].copy())
+                frames = env.render(envs=range(count))
+            record["frames"].append(frames)
         record["alive"].append(~done[:count])
         record["state"].append(obs.state[:count].copy())
         record["image"].append(None if obs.image is None else obs.image[:count].copy())

@@ -15,10 +15,10 @@ holds ``fps`` frames per env, not an episode).
 Why a replay: only the episodes that get a video pay for their frames (at most
 ``max_videos`` over all ranks; with LIBERO on CPUs a 256 px frame costs several times the
 physics of a step), and training rollouts (``keep_actions: false``) pay nothing. Frames are
-drawn only for the replayed episodes still running (``render(size, envs)``); a replay also
-steps the spare envs of a wave (copies of an episode), and the simulator draws the policy's
-observations at every env step (``step`` returns them); waves group episodes of similar
-length. ``scripts/bench/eval_videos.py`` measures what the videos cost.
+drawn only for the replayed episodes still running (``render(size, envs)``); the spare envs
+of a wave are left out of its reset (``active``: not simulated), and the simulator draws the
+policy's observations at every env step (``step`` returns them); waves group episodes of
+similar length. ``scripts/bench/eval_videos.py`` measures what the videos cost.
 
 Simulators are deterministic (the same ``(task, init state, actions)`` give the same
 episode: ``simulators/checker.py`` tests it, and the process pool relies on it to recover
@@ -201,12 +201,13 @@ def _replay_wave(
     Returns:
         frames written per episode (0: the replay diverged, no video).
     """
-    padded = wave + [wave[0]] * (env.num_envs - len(wave))  # spare envs: a copy, discarded
+    padded = wave + [wave[0]] * (env.num_envs - len(wave))  # spare envs: left out of the reset
+    active = np.arange(env.num_envs) < len(wave)
     recordings = [_Recording(r, fps) for r in wave]
     try:
         with simulating(shared, "an evaluation video's replay"):
             obs = env.reset(
-                [r.episode.task for r in padded], [r.episode.init_state for r in padded]
+                [r.episode.task for r in padded], [r.episode.init_state for r in padded], active
             )
             frames = env.render(size, list(range(len(wave))))
         for i, rec in enumerate(recordings):
@@ -236,7 +237,7 @@ def _replay_policy_step(
         active = [i for i, rec in enumerate(recordings) if not rec.ended]
         with simulating(shared, "an evaluation video's replay"):
             result = env.step(_actions_at(padded, t, c))
-            frames = env.render(size, active)  # not the spare envs', nor the ended episodes'
+            frames = env.render(size, active)  # not the ended episodes'
         for i, frame in zip(active, frames):
             rec = recordings[i]
             rec.steps += 1

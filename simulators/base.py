@@ -9,6 +9,11 @@ envs but shaped for robot-policy rollouts:
 - ``step(actions)`` advances every env that is not done. An env that finished (success or
   ``max_steps``) stays done until the next reset: its later actions are ignored, its
   observation stays the final one, its reward is 0 and ``done``/``success`` keep their value;
+- ``reset(..., active)`` with a ``(N,)`` bool mask leaves the envs it marks False out of the
+  episode: they are neither reset nor stepped (a wave of fewer episodes than envs, an
+  evaluation's padding, costs nothing for its spare envs); such an env is done from the reset
+  on, never succeeds, gets reward 0, has all-zero observation rows and an empty task
+  description, and cannot be rendered;
 - ``step_chunk(actions)`` applies a chunk of ``C`` actions per env (a policy's action chunk)
   and returns what ``C`` calls of ``step`` would have returned last, with the chunk's rewards
   summed. The default loops ``step``; a simulator whose observations are costly (rendering)
@@ -134,14 +139,23 @@ class VectorEnv(abc.ABC):
     spec: EnvSpec
 
     @abc.abstractmethod
-    def reset(self, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> Obs:
-        """Start a new episode in every env.
+    def reset(
+        self,
+        task_ids: Sequence[int],
+        init_state_ids: Sequence[int],
+        active: Sequence[bool] | None = None,
+    ) -> Obs:
+        """Start a new episode in every env (every active env).
 
         Args:
             task_ids: ``(N,)`` task of each env, in ``[0, spec.num_tasks)``.
             init_state_ids: ``(N,)`` initial state of each env, in
                 ``[0, spec.num_init_states)``; the same ``(task, init_state)`` always gives
                 the same initial observation.
+            active: ``(N,)`` bool, ``None`` = all. An inactive env is not reset nor stepped
+                until the next reset: done and not successful from now on, reward 0, zero
+                observation rows, description ``""`` (:func:`check_active`). Its ids are
+                still checked. Active envs' episodes are the same whatever the mask.
 
         Returns:
             The first observations.
@@ -179,7 +193,8 @@ class VectorEnv(abc.ABC):
         Args:
             size: side of square frames drawn at this size; ``None`` = ``spec.render_shape``.
             envs: the envs to draw, in this order (:func:`check_env_ids`); ``None`` = all.
-                A few episodes replayed on a wider vector env draw only theirs.
+                A few episodes replayed on a wider vector env draw only theirs. An env
+                made inactive by the last reset cannot be drawn (ValueError).
 
         Returns:
             ``(len(envs) or N, H, W, 3)`` uint8: ``spec.render_shape`` or ``(size, size, 3)``.
@@ -311,13 +326,38 @@ def check_reset_ids(
     return tasks, inits
 
 
-def check_env_ids(num_envs: int, envs: Sequence[int] | None) -> list[int]:
-    """``render``'s ``envs``: the env indices as a list (``None``: all ``num_envs``)."""
-    if envs is None:
-        return list(range(num_envs))
-    ids = [int(i) for i in envs]
+def check_active(num_envs: int, active: Sequence[bool] | None) -> np.ndarray:
+    """``reset``'s ``active``: a ``(N,)`` bool array (``None``: every env is active)."""
+    if active is None:
+        return np.ones(num_envs, bool)
+    mask = np.asarray(active)
+    if mask.dtype != np.bool_ or mask.shape != (num_envs,):
+        raise ValueError(
+            f"reset's active must be {num_envs} booleans (one per env), got "
+            f"{mask.dtype} of shape {mask.shape}"
+        )
+    return mask.copy()
+
+
+def check_env_ids(
+    num_envs: int, envs: Sequence[int] | None, inactive: np.ndarray | None = None
+) -> list[int]:
+    """``render``'s ``envs``: the env indices as a list (``None``: all ``num_envs``).
+
+    Args:
+        inactive: ``(N,)`` bool, the envs the last reset left out: asking for one of them
+            is refused (they hold no episode to draw).
+    """
+    ids = list(range(num_envs)) if envs is None else [int(i) for i in envs]
     if any(not 0 <= i < num_envs for i in ids):
         raise ValueError(f"env indices must be in [0, {num_envs}), got {ids}")
+    if inactive is not None:
+        left_out = [i for i in ids if inactive[i]]
+        if left_out:
+            raise ValueError(
+                f"envs {left_out} were left out of the last reset (active=False): nothing to "
+                f"draw; pass the active envs' indices as envs="
+            )
     return ids
 
 

@@ -114,8 +114,9 @@ def check_vector_env(
     ``render(size)`` and ``render(size, envs)``, that a wrong action shape is refused, that
     resetting to the same ``(task, init_state)`` gives the same observation and that the same
     actions then give the same results, that ``step_chunk`` over those actions ends with the
-    same observations and flags and the summed rewards, and (``full_episode``) that every env
-    is done after ``spec.max_steps`` steps and stays done.
+    same observations and flags and the summed rewards, that envs left out of a reset
+    (``active``) are done with zero rows and leave the others' episodes unchanged, and
+    (``full_episode``) that every env is done after ``spec.max_steps`` steps and stays done.
 
     Raises:
         EnvCheckError: naming the first broken rule.
@@ -165,6 +166,8 @@ def check_vector_env(
         )
         _expect(same, f"the same actions after the same reset differ at step {t + 1}")
     _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
+    if num_envs >= 2:
+        _check_inactive(env, tasks, inits, actions.astype(np.float32), first, results)
     if full_episode:
         _check_full_episode(env, tasks, inits, rng)
 
@@ -218,6 +221,59 @@ def _check_chunks(
             bool(np.allclose(result.reward, summed, rtol=1e-6, atol=1e-6)),
             f"{where}: reward {result.reward} is not the sum of the single steps' {summed}",
         )
+
+
+def _check_inactive(
+    env: VectorEnv,
+    tasks: np.ndarray,
+    inits: np.ndarray,
+    actions: np.ndarray,
+    first: Obs,
+    results: list[StepResult],
+) -> None:
+    """Reset with every odd env left out: the even envs replay ``results`` (``actions``,
+    ``(T, N, A)``, after the reset that gave ``first``), the odd ones stay done, unsuccessful,
+    unrewarded and zero, and cannot be drawn; a full reset brings them back."""
+    num_envs = env.num_envs
+    on = np.arange(num_envs) % 2 == 0
+    obs = env.reset(tasks, inits, on)
+    _check_obs(obs, env.spec, num_envs, "reset with active")
+
+    def same_rows(a: Obs, b: Obs, rows: np.ndarray) -> bool:
+        same_image = a.image is None or np.array_equal(a.image[rows], b.image[rows])
+        return same_image and np.array_equal(a.state[rows], b.state[rows])
+
+    _expect(same_rows(obs, first, on), "envs left active got another first observation")
+    zero = not np.any(obs.state[~on]) and (obs.image is None or not np.any(obs.image[~on]))
+    _expect(zero, "envs left out of the reset (active=False) must have zero observation rows")
+    descriptions = env.task_descriptions
+    _expect(
+        all((d != "") == o for d, o in zip(descriptions, on)),
+        f"task descriptions must be empty exactly for the envs left out, got {descriptions!r}",
+    )
+    for t, action in enumerate(actions):
+        result = env.step(action)
+        where = f"step {t + 1} with active"
+        _check_step(result, env.spec, num_envs, where)
+        expected = results[t]
+        same = same_rows(result.obs, expected.obs, on) and all(
+            np.array_equal(getattr(result, k)[on], getattr(expected, k)[on])
+            for k in ("reward", "done", "success")
+        )
+        _expect(same, f"{where}: the active envs' results depend on the envs left out")
+        _expect(
+            bool(np.all(result.done[~on]) and not np.any(result.success[~on]))
+            and not np.any(result.reward[~on]),
+            f"{where}: an env left out must be done, unsuccessful and get reward 0",
+        )
+    if env.spec.render_shape is not None:
+        try:
+            env.render(None, [1])
+        except ValueError:
+            pass
+        else:
+            raise EnvCheckError("render() drew env 1, which the last reset left out")
+    _expect(_same_obs(env.reset(tasks, inits), first), "a full reset after active= differs")
 
 
 def _check_full_episode(

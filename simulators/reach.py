@@ -37,6 +37,7 @@ from simulators.base import (
     StepResult,
     VectorEnv,
     check_actions,
+    check_active,
     check_env_ids,
     check_reset_ids,
     config_from_options,
@@ -239,7 +240,8 @@ class ReachVectorEnv(VectorEnv):
         self._starts = init_positions(config)
         self._colours = list(COLOURS)[: config.num_tasks]
         self._renderers: dict[int, mujoco.Renderer] = {}  # size -> renderer, built lazily
-        self._task = np.full(num_envs, -1, np.int64)  # -1 = never reset
+        self._task = np.full(num_envs, -1, np.int64)  # -1: never reset, or left out
+        self._was_reset = False
         self._steps = np.zeros(num_envs, np.int64)
         self._done = np.zeros(num_envs, bool)
         self._success = np.zeros(num_envs, bool)
@@ -250,26 +252,37 @@ class ReachVectorEnv(VectorEnv):
     def task_descriptions(self) -> list[str]:
         return list(self._descriptions)
 
-    def reset(self, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> Obs:
+    def reset(
+        self,
+        task_ids: Sequence[int],
+        init_state_ids: Sequence[int],
+        active: Sequence[bool] | None = None,
+    ) -> Obs:
         tasks, inits = check_reset_ids(self.spec, self.num_envs, task_ids, init_state_ids)
-        for i, data in enumerate(self._data):
+        on = check_active(self.num_envs, active)
+        for i in np.flatnonzero(on):
+            data = self._data[i]
             # mj_resetData also clears the solver warm start, which keeps a re-run of the
             # same (task, init_state, actions) bit-identical.
             mujoco.mj_resetData(self.model, data)
             data.qpos[:] = self._starts[tasks[i], inits[i]]
             mujoco.mj_forward(self.model, data)
-        self._task[:] = tasks
+        self._task[:] = np.where(on, tasks, -1)  # -1: left out, zero observation rows
         self._steps[:] = 0
-        self._done[:] = False
+        self._done[:] = ~on
         self._success[:] = False
-        self._descriptions = [f"reach the {self._colours[t]} target" for t in tasks]
+        self._descriptions = [
+            f"reach the {self._colours[t]} target" if o else "" for t, o in zip(tasks, on)
+        ]
         if self._image is not None:
-            for i in range(self.num_envs):
+            self._image[~on] = 0
+            for i in np.flatnonzero(on):
                 self._image[i] = self._render_one(i, self.config.image_size)
+        self._was_reset = True
         return self._obs()
 
     def step(self, actions: np.ndarray) -> StepResult:
-        if self._task[0] < 0:
+        if not self._was_reset:
             raise RuntimeError("reach: call reset() before step()")
         actions = np.clip(check_actions(self.spec, self.num_envs, actions), -1.0, 1.0)
         reward = np.zeros(self.num_envs, np.float32)
@@ -298,8 +311,9 @@ class ReachVectorEnv(VectorEnv):
             if not size:
                 raise RuntimeError("reach: render() needs render_size > 0 (or a size)")
         check_range("reach render size", size, 1)
-        ids = check_env_ids(self.num_envs, envs)
-        return np.stack([self._render_one(i, int(size)) for i in ids])
+        ids = check_env_ids(self.num_envs, envs, self._task < 0 if self._was_reset else None)
+        frames = [self._render_one(i, int(size)) for i in ids]
+        return np.stack(frames) if frames else np.zeros((0, size, size, 3), np.uint8)
 
     def close(self) -> None:
         for renderer in self._renderers.values():
@@ -311,9 +325,9 @@ class ReachVectorEnv(VectorEnv):
 
     def _obs(self) -> Obs:
         """Build the observation of every env from its current ``MjData``."""
-        state = np.empty((self.num_envs, STATE_DIM), np.float32)
-        for i, data in enumerate(self._data):
-            target = self._targets[max(self._task[i], 0)]
+        state = np.zeros((self.num_envs, STATE_DIM), np.float32)
+        for i in np.flatnonzero(self._task >= 0):  # the others were left out of the reset
+            data, target = self._data[i], self._targets[self._task[i]]
             state[i, 0:2] = data.qpos
             state[i, 2:4] = data.qvel
             state[i, 4:6] = target - data.qpos

@@ -115,8 +115,10 @@ def _write_obs(views: dict[str, np.ndarray], obs: Obs) -> None:
         views["image"][:] = obs.image
 
 
-def _handle_reset(env: VectorEnv, views: dict, tasks: np.ndarray, inits: np.ndarray) -> list:
-    _write_obs(views, env.reset(tasks, inits))
+def _handle_reset(
+    env: VectorEnv, views: dict, tasks: np.ndarray, inits: np.ndarray, active: np.ndarray
+) -> list:
+    _write_obs(views, env.reset(tasks, inits, active))
     return env.task_descriptions
 
 
@@ -127,11 +129,16 @@ def _handle_step_chunk(env: VectorEnv, views: dict, actions: np.ndarray) -> tupl
 
 
 def _handle_replay(
-    env: VectorEnv, views: dict, tasks: np.ndarray, inits: np.ndarray, actions: np.ndarray
+    env: VectorEnv,
+    views: dict,
+    tasks: np.ndarray,
+    inits: np.ndarray,
+    active: np.ndarray,
+    actions: np.ndarray,
 ) -> None:
-    """Re-run an episode: reset, then ``actions`` ``(k, T, A)`` as one chunk (the same
-    states as the steps and chunks they came in; observed once, at the end)."""
-    obs = env.reset(tasks, inits)
+    """Re-run an episode: reset (the same envs active), then ``actions`` ``(k, T, A)`` as one
+    chunk (the same states as the steps and chunks they came in; observed once, at the end)."""
+    obs = env.reset(tasks, inits, active)
     if actions.shape[1]:
         obs = env.step_chunk(actions).obs
     _write_obs(views, obs)

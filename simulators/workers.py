@@ -50,6 +50,7 @@ from simulators.base import (
     VectorEnv,
     check_action_chunk,
     check_actions,
+    check_active,
     check_env_ids,
     check_reset_ids,
 )
@@ -83,7 +84,7 @@ class _Child:
         self.conn: Connection | None = None
         self.shm: SharedMemory | None = None
         self.views: dict[str, np.ndarray] = {}
-        self.reset_args: tuple[np.ndarray, np.ndarray] | None = None  # last reset
+        self.reset_args: tuple[np.ndarray, ...] | None = None  # last reset: tasks, inits, active
         self.actions: list[np.ndarray] = []  # (k, C, A) chunks received since that reset
 
     def describe(self) -> str:
@@ -222,6 +223,7 @@ class ProcessVectorEnv(VectorEnv):
         self._children = [_Child(i, envs) for i, envs in enumerate(_split(num_envs, num_processes))]
         self._counts = {"restarts": 0, "crashes": 0, "timeouts": 0, "errors": 0}
         self._descriptions: list[str] = []
+        self._inactive = np.zeros(num_envs, bool)  # left out of the last reset
         self._was_reset = False
         self._finalizer = weakref.finalize(self, _shutdown, self._children)
         remove_orphans(f"{SHM_PREFIX}_")  # blocks of pools whose process was killed
@@ -244,12 +246,20 @@ class ProcessVectorEnv(VectorEnv):
     def task_descriptions(self) -> list[str]:
         return list(self._descriptions)
 
-    def reset(self, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> Obs:
+    def reset(
+        self,
+        task_ids: Sequence[int],
+        init_state_ids: Sequence[int],
+        active: Sequence[bool] | None = None,
+    ) -> Obs:
         tasks, inits = check_reset_ids(self.spec, self.num_envs, task_ids, init_state_ids)
-        commands = {c.index: ("reset", (tasks[c.envs], inits[c.envs])) for c in self._children}
-        replies = self._call(commands, self.reset_timeout_s)
+        on = check_active(self.num_envs, active)
+        self._inactive = ~on
+        # Each child leaves its own inactive envs out (a child with none active steps nothing).
+        args = {c.index: (tasks[c.envs], inits[c.envs], on[c.envs]) for c in self._children}
+        replies = self._call({i: ("reset", a) for i, a in args.items()}, self.reset_timeout_s)
         for child in self._children:
-            child.reset_args = (tasks[child.envs].copy(), inits[child.envs].copy())
+            child.reset_args = tuple(a.copy() for a in args[child.index])
             child.actions = []
         self._descriptions = [d for c in self._children for d in replies[c.index]]
         self._was_reset = True
@@ -278,7 +288,7 @@ class ProcessVectorEnv(VectorEnv):
         evaluation's videos: a few episodes, another size) over the pipes."""
         if size is None and self.spec.render_shape is None:
             raise RuntimeError(f"simulator {self.name!r} cannot render (spec.render_shape is None)")
-        ids = check_env_ids(self.num_envs, envs)
+        ids = check_env_ids(self.num_envs, envs, self._inactive)
         local = {
             c.index: [i - c.envs.start for i in ids if c.envs.start <= i < c.envs.stop]
             for c in self._children

@@ -31,7 +31,12 @@ standard deviation over seeds) of test success.
 ``--policy`` (default ``mlp_image``) names the SFT start's policy config (e.g.
 ``flow_vla_tiny``, SFT'd by ``sft_libero`` with that ``policy=``); another policy's runs live
 under ``<runs>/<policy>/`` and its results are ``srpo_world_model_<policy>.{json,png}``, so
-every policy is compared on the same tasks, splits and budget without mixing results.
+every policy is compared on the same tasks, splits and budget without mixing results (the
+policies' table of BENCHMARKS.md runs ``--methods srpo_pooled_pixels`` for each, with the
+policy's own ``--temperature`` and ``--rl-lr``). With ``--tasks`` the start is evaluated on
+those tasks only. ``--world-model`` is needed by the ``srpo_world_model`` method only. Each
+run's row also has its median seconds per RL step, peak worker memory and the sampled
+training rollouts' success (first step, mean of the last three).
 
 The world model's encoder pools its tokens with ``--world-model-pooling`` (default
 ``mean_and_end``: chosen on the validation videos of ``world_model_latents.py``, where it
@@ -73,7 +78,10 @@ HELDOUT_EVERY = 5  # as world_model_pretraining: its validation videos are this 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sft", type=Path, required=True, help="the one-demo SFT run")
-    parser.add_argument("--world-model", type=Path, required=True, help="embodied-rl export dir")
+    parser.add_argument(
+        "--world-model", type=Path, default=None,
+        help="embodied-rl export dir (needed by the srpo_world_model method only)",
+    )  # fmt: skip
     parser.add_argument("--policy", default=DEFAULT_POLICY, help="the SFT start's policy config")
     parser.add_argument("--suite", default="libero_object")
     parser.add_argument("--tasks", type=int, nargs="+", default=None, help="default: weakest")
@@ -84,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rl-minutes", type=float, default=30.0)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=160)
+    parser.add_argument("--groups", type=int, default=8, help="(task, init state) groups a step")
     parser.add_argument("--temperature", type=float, default=0.3)
     parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
@@ -164,7 +173,7 @@ def rl_command(
         *encoder_overrides(args, method),
         f"seed={seed}",
         f"models.actor.init_from={args.sft.resolve()}",
-        "data.batch_size=8", "rollout.group_size=8", "rollout.num_envs=4",
+        f"data.batch_size={args.groups}", "rollout.group_size=8", "rollout.num_envs=4",
         f"rollout.temperature={args.temperature}",
         f"models.actor.optimizer.lr={args.rl_lr}",
         "models.actor.optimizer.warmup_steps=8",
@@ -293,7 +302,8 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
     """Validation success of the SFT start on every task; the RL tasks; their test success;
     the digest of its weights (:func:`weights_sha256`: how a rerun knows it starts there)."""
     if success(args.sft, "eval_validation") is None or args.fresh:
-        command = eval_command(args, "sft_libero", args.sft, None, "validation")
+        # every task when the benchmark chooses them, else the given ones only
+        command = eval_command(args, "sft_libero", args.sft, args.tasks, "validation")
         commands["start_validation"] = " ".join(command[2:])
         run(command, policy_folder(args) / "logs" / "start_validation.log")
     tasks, rates = weakest_tasks(args.sft, args.num_tasks)
@@ -428,13 +438,36 @@ def rl_phase(
         "curve": curve,
         "rl_steps": len(metrics),
         "rl_minutes": metrics[-1].get("time/elapsed_s", 0.0) / 60.0 if metrics else 0.0,
+        **step_costs(metrics),
         "commands": {k: " ".join(v[2:]) for k, v in commands.items()},
         "ran": ran,
     }
 
 
+def step_costs(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the RL steps cost and how the sampled training rollouts did: median seconds per
+    step, peak worker RSS (MB, max over steps and ranks), rollout success of the first step
+    and the mean of the last three (training init states, sampled at the run's temperature)."""
+    if not metrics:
+        return {}
+    rates = [m["rollout/success_rate"] for m in metrics if "rollout/success_rate" in m]
+    rss = [m["memory/worker_rss_mb"] for m in metrics if "memory/worker_rss_mb" in m]
+    return {
+        "seconds_per_step": statistics.median(m.get("time/step", 0.0) for m in metrics),
+        "peak_worker_rss_mb": max(rss) if rss else None,
+        "train_rollout_success_first": rates[0] if rates else None,
+        "train_rollout_success_last3": statistics.mean(rates[-3:]) if rates else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if "srpo_world_model" in args.methods and args.world_model is None:
+        raise SystemExit(
+            "error: the srpo_world_model method needs --world-model (an `embodied-rl export` "
+            "of the pretrained world model). Fix: pass it, or leave the method out with "
+            "--methods srpo_pooled_pixels grpo"
+        )
     if args.recorded is not None and not args.recorded.is_file():  # refused before any run
         raise SystemExit(
             f"error: --recorded {args.recorded}: no such file. Fix: give an earlier JSON of "

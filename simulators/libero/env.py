@@ -68,6 +68,7 @@ from simulators.base import (
     VectorEnv,
     check_action_chunk,
     check_actions,
+    check_active,
     check_env_ids,
     check_reset_ids,
     config_from_options,
@@ -244,6 +245,7 @@ class LiberoVectorEnv(VectorEnv):
         self._steps = np.zeros(num_envs, np.int64)
         self._done = np.zeros(num_envs, bool)
         self._success = np.zeros(num_envs, bool)
+        self._inactive = np.zeros(num_envs, bool)  # left out of the last reset
         self._state = np.zeros((num_envs, PROPRIO_DIM), np.float32)
         shape = (num_envs, size, size, 3)
         self._image = np.zeros(shape, np.uint8) if config.cameras else None
@@ -261,22 +263,35 @@ class LiberoVectorEnv(VectorEnv):
         robosuite env, for tools that read object poses (a scripted planner, tests)."""
         built = self._active[i]
         if built is None:
-            raise RuntimeError("libero: call reset() before scene()")
+            raise RuntimeError(
+                f"libero: env {i} has no scene: call reset() first, with env {i} active"
+            )
         return built.scene
 
-    def reset(self, task_ids: Sequence[int], init_state_ids: Sequence[int]) -> LiberoObs:
+    def reset(
+        self,
+        task_ids: Sequence[int],
+        init_state_ids: Sequence[int],
+        active: Sequence[bool] | None = None,
+    ) -> LiberoObs:
         tasks, inits = check_reset_ids(self.spec, self.num_envs, task_ids, init_state_ids)
+        self._inactive = ~check_active(self.num_envs, active)
         self._was_reset = False  # a failure below leaves the batch unusable until a reset
-        self._assign_scenes([int(t) for t in tasks])
+        # An inactive env gets no scene: nothing is built, settled or drawn for it.
+        self._assign_scenes([None if off else int(t) for t, off in zip(tasks, self._inactive)])
         hard = self.config.reset_mode == "hard"
-        for i, built in enumerate(self._active):
+        for i in np.flatnonzero(~self._inactive):
+            built = self._active[i]
             init_state = self._init_states[built.task][int(inits[i])]
             raw_obs = built.scene.reset(init_state, self.config.settle_steps, hard=hard)
             self._store(i, raw_obs)
+        self._clear_rows(self._inactive)
         self._steps[:] = 0
-        self._done[:] = False
+        self._done[:] = self._inactive
         self._success[:] = False
-        self._descriptions = [str(self._tasks[t].language) for t in tasks]
+        self._descriptions = [
+            "" if off else str(self._tasks[t].language) for t, off in zip(tasks, self._inactive)
+        ]
         self._was_reset = True
         return self._obs()
 
@@ -318,7 +333,7 @@ class LiberoVectorEnv(VectorEnv):
         """
         if not self._was_reset:
             raise RuntimeError("libero: call reset() before render()")
-        ids = check_env_ids(self.num_envs, envs)
+        ids = check_env_ids(self.num_envs, envs, self._inactive)
         if size is None:
             size = self.config.render_size
             if not size:
@@ -326,7 +341,9 @@ class LiberoVectorEnv(VectorEnv):
             if self._image is not None and size == self.config.image_size:
                 return self._image[ids]  # the observed frames are the requested ones (a copy)
         check_range("libero render size", size, 1, MAX_FRAME_SIZE)
-        if self._assets[self._active[0].task].renderer is None:
+        if not ids:
+            return np.zeros((0, size, size, 3), np.uint8)
+        if self._assets[self._active[ids[0]].task].renderer is None:
             raise RuntimeError("libero: cameras=[] and render_size 0 draw nothing; set render_size")
         frames = [
             built.scene.draw_current(self._assets[built.task].renderer, CAMERAS["agentview"], size)
@@ -343,8 +360,9 @@ class LiberoVectorEnv(VectorEnv):
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _assign_scenes(self, tasks: list[int]) -> None:
-        """Give env ``i`` a built scene of ``tasks[i]``: an idle one, else a new one.
+    def _assign_scenes(self, tasks: list[int | None]) -> None:
+        """Give env ``i`` a built scene of ``tasks[i]``: an idle one, else a new one (none
+        for ``None``: an inactive env).
 
         Idle scenes beyond ``num_envs * max_cached_tasks`` built ones are closed (least
         recently used first) before new ones are built, so memory never exceeds that many.
@@ -362,7 +380,7 @@ class LiberoVectorEnv(VectorEnv):
             changed = True
         self._drop_unused_assets()
         for i, task in enumerate(tasks):
-            if self._active[i] is None:
+            if self._active[i] is None and task is not None:
                 self._active[i] = _Built(task, self._build(task))
                 changed = True
         if changed:  # building and closing scenes frees hundreds of MB of temporaries
@@ -406,6 +424,13 @@ class LiberoVectorEnv(VectorEnv):
         if self._wrist is not None:
             wrist = built.scene.draw_observed(renderer, CAMERAS["wrist"], size)
             self._wrist[i] = flip_image(wrist)
+
+    def _clear_rows(self, envs: np.ndarray) -> None:
+        """Zero the observation rows of ``envs`` (``(N,)`` bool): the inactive ones."""
+        self._state[envs] = 0.0
+        for images in (self._image, self._wrist):
+            if images is not None:
+                images[envs] = 0
 
     def _obs(self) -> LiberoObs:
         return LiberoObs(

@@ -260,9 +260,9 @@ def _spy(env, sizes: list, sent: list) -> None:
     """Record the sizes ``env.render`` is asked for and the actions ``env.step_chunk`` gets."""
     render, step_chunk = env.render, env.step_chunk
 
-    def spy_render(size=None):
+    def spy_render(size=None, envs=None):
         sizes.append(size)
-        return render(size)
+        return render(size, envs)
 
     def spy_step_chunk(actions):
         sent.append(np.array(actions))

@@ -134,6 +134,46 @@ def test_done_envs_stay_done_and_sparse_reward_marks_success():
     assert after.done.all() and after.success.all()
 
 
+def test_envs_left_out_of_a_reset_are_neither_reset_nor_stepped():
+    """A wave of 1 episode on 3 envs: the expert's episode is the one it has alone, the
+    2 spare envs are done from the reset with zero rows, keep the physics state of the
+    previous episode (never reset, never stepped) and cannot be drawn."""
+    with build_reach({"image_size": 16, "render_size": 16}, 1) as alone:
+        obs = alone.reset([2], [5])
+        expected = [obs]
+        for _ in range(30):
+            expected.append(alone.step(expert_actions(obs.state)).obs)
+            obs = expected[-1]
+    with build_reach({"image_size": 16, "render_size": 16}, 3) as env:
+        env.reset([0, 1, 3], [0, 1, 2])
+        before = env.step(np.full((3, 2), 0.5, np.float32))  # moves every arm off its start
+        obs = env.reset([2, 2, 2], [5, 5, 5], active=np.array([True, False, False]))
+        assert env.task_descriptions == ["reach the blue target", "", ""]
+        assert not obs.state[1:].any() and not obs.image[1:].any()
+        for t in range(30):
+            np.testing.assert_array_equal(obs.state[0], expected[t].state[0], err_msg=f"{t}")
+            np.testing.assert_array_equal(obs.image[0], expected[t].image[0], err_msg=f"{t}")
+            result = env.step(np.concatenate([expert_actions(obs.state[:1]), np.ones((2, 2))]))
+            obs = result.obs
+            assert result.done[1:].all() and not result.success[1:].any()
+            assert not result.reward[1:].any() and not obs.state[1:].any()
+        assert result.success[0]
+        # The spare envs' MjData were left as the step before the reset put them.
+        for i in (1, 2):
+            np.testing.assert_array_equal(
+                env._data[i].qpos.astype(np.float32), before.obs.state[i, :2]
+            )
+        assert env.render(envs=[0]).shape == (1, 16, 16, 3)
+        assert env.render(envs=[]).shape == (0, 16, 16, 3)
+        with pytest.raises(ValueError, match=r"envs \[1\] were left out of the last reset"):
+            env.render(envs=[0, 1])
+        nobody = env.reset([0, 0, 0], [0, 0, 0], active=np.zeros(3, bool))
+        assert not nobody.state.any() and env.step(np.zeros((3, 2), np.float32)).done.all()
+        for bad in ([True, False], [1, 0, 0]):
+            with pytest.raises(ValueError, match="active must be 3 booleans"):
+                env.reset([0, 0, 0], [0, 0, 0], active=np.array(bad))
+
+
 def test_dense_reward_telescopes_to_distance_covered():
     with build_reach({"reward": "dense"}, 1) as env:
         obs = env.reset([2], [5])

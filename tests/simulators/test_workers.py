@@ -145,6 +145,43 @@ def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
     assert not any(_alive(pid) for pid in pids + new_pids)
 
 
+def test_envs_left_out_stay_out_in_the_processes_and_after_a_restart(caplog):
+    """``active`` reaches each process: one with its second env left out, one with both
+    (it steps nothing). Killing the first mid-episode re-runs it with the same envs left
+    out, and every step equals the in-process env's with the same mask."""
+    active = np.array([True, False, False, False])
+
+    def episode(env, kill_at=None):
+        rng = np.random.default_rng(2)
+        obs = env.reset(TASKS, INITS, active)
+        records = [(obs.state, obs.image, None, None, None)]
+        for t in range(20):
+            if t == kill_at:
+                os.kill(env.child_pids()[0], signal.SIGKILL)
+            noise = rng.uniform(-1, 1, (4, 2)).astype(np.float32)
+            result = env.step(np.clip(0.4 * expert_actions(obs.state) + 0.6 * noise, -1, 1))
+            obs = result.obs
+            records.append((obs.state, obs.image, result.reward, result.done, result.success))
+        return records
+
+    options = {"image_size": 16, "render_size": 16}
+    with SIMULATORS.get("reach")(options, 4) as reference:
+        expected = episode(reference)
+    assert expected[1][3].tolist() == [False, True, True, True]
+    env = SIMULATORS.get("reach")(options, 4, processes=2)
+    try:
+        _assert_same(episode(env), expected)
+        assert env.task_descriptions == ["reach the red target", "", "", ""]
+        with caplog.at_level(logging.WARNING, logger="simulators.workers"):
+            _assert_same(episode(env, kill_at=8), expected)
+        assert env.fault_counts()["restarts"] == 1 and "re-running its 8 steps" in caplog.text
+        assert env.render(envs=[0]).shape == (1, 16, 16, 3)
+        with pytest.raises(ValueError, match=r"envs \[3\] were left out"):
+            env.render(envs=[3])
+    finally:
+        env.close()
+
+
 def _fault_env(tmp_path, fault: str, once: bool, **worker_options) -> ProcessVectorEnv:
     options = {fault: 3}
     if once:

@@ -214,3 +214,30 @@ def test_a_missing_recorded_file_is_refused_before_anything_runs(tmp_path: Path)
     with pytest.raises(SystemExit, match=r"error: --recorded .*nope.json: no such file. Fix:"):
         swm.main(argv)
     assert not runs.exists()
+
+
+def test_the_world_model_is_needed_only_by_its_method(tmp_path: Path):
+    runs = tmp_path / "runs"
+    argv = ["--sft", str(tmp_path / "sft"), "--runs", str(runs)]
+    with pytest.raises(SystemExit, match=r"srpo_world_model method needs --world-model.*Fix:"):
+        swm.main(argv)  # all three methods by default
+    assert not runs.exists()
+    args = swm.parse_args([*argv, "--methods", "grpo", "srpo_pooled_pixels"])
+    assert args.world_model is None
+    assert not any("video_encoder" in p for p in swm.rl_command(args, "grpo", 0, [0], runs))
+
+
+def test_step_costs_by_hand():
+    metrics = [
+        {"time/step": 60.0, "memory/worker_rss_mb": 900.0, "rollout/success_rate": 0.25},
+        {"time/step": 70.0, "memory/worker_rss_mb": 1500.0, "rollout/success_rate": 0.5},
+        {"time/step": 200.0, "memory/worker_rss_mb": 1200.0, "rollout/success_rate": 0.5},
+        {"time/step": 65.0, "memory/worker_rss_mb": 1000.0, "rollout/success_rate": 0.75},
+    ]
+    assert swm.step_costs(metrics) == {
+        "seconds_per_step": 67.5,  # the median: a step with an evaluation in it does not count
+        "peak_worker_rss_mb": 1500.0,
+        "train_rollout_success_first": 0.25,
+        "train_rollout_success_last3": pytest.approx((0.5 + 0.5 + 0.75) / 3),
+    }
+    assert swm.step_costs([]) == {}
