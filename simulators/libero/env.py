@@ -239,7 +239,7 @@ class LiberoVectorEnv(VectorEnv):
             num_init_states=min(len(states) for states in self._init_states),
             render_shape=(render, render, 3) if render else None,
         )
-        self._active: list[_Built | None] = [None] * num_envs  # the scene of env i
+        self._scene_of: list[_Built | None] = [None] * num_envs  # None: no reset, or left out
         self._idle: list[_Built] = []  # kept scenes, least recently used first
         self._assets: dict[int, _TaskAssets] = {}
         self._steps = np.zeros(num_envs, np.int64)
@@ -261,7 +261,7 @@ class LiberoVectorEnv(VectorEnv):
     def scene(self, i: int) -> LiberoScene:
         """The built scene env ``i`` runs its episode in (after a reset): MuJoCo model/data,
         robosuite env, for tools that read object poses (a scripted planner, tests)."""
-        built = self._active[i]
+        built = self._scene_of[i]
         if built is None:
             raise RuntimeError(
                 f"libero: env {i} has no scene: call reset() first, with env {i} active"
@@ -281,7 +281,7 @@ class LiberoVectorEnv(VectorEnv):
         self._assign_scenes([None if off else int(t) for t, off in zip(tasks, self._inactive)])
         hard = self.config.reset_mode == "hard"
         for i in np.flatnonzero(~self._inactive):
-            built = self._active[i]
+            built = self._scene_of[i]
             init_state = self._init_states[built.task][int(inits[i])]
             raw_obs = built.scene.reset(init_state, self.config.settle_steps, hard=hard)
             self._store(i, raw_obs)
@@ -311,7 +311,7 @@ class LiberoVectorEnv(VectorEnv):
         chunk = np.clip(check_action_chunk(self.spec, self.num_envs, actions), -1.0, 1.0)
         reward = np.zeros(self.num_envs, np.float32)
         for i in np.flatnonzero(~self._done):
-            scene = self._active[i].scene
+            scene = self._scene_of[i].scene
             for action in chunk[i]:
                 raw_obs = scene.step(action.tolist())
                 self._steps[i] += 1
@@ -343,18 +343,18 @@ class LiberoVectorEnv(VectorEnv):
         check_range("libero render size", size, 1, MAX_FRAME_SIZE)
         if not ids:
             return np.zeros((0, size, size, 3), np.uint8)
-        if self._assets[self._active[ids[0]].task].renderer is None:
+        if self._assets[self._scene_of[ids[0]].task].renderer is None:
             raise RuntimeError("libero: cameras=[] and render_size 0 draw nothing; set render_size")
         frames = [
             built.scene.draw_current(self._assets[built.task].renderer, CAMERAS["agentview"], size)
-            for built in (self._active[i] for i in ids)
+            for built in (self._scene_of[i] for i in ids)
         ]
         return np.stack([flip_image(frame) for frame in frames])
 
     def close(self) -> None:
-        for built in [b for b in self._active if b is not None] + self._idle:
+        for built in [b for b in self._scene_of if b is not None] + self._idle:
             built.scene.close()
-        self._active, self._idle = [None] * self.num_envs, []
+        self._scene_of, self._idle = [None] * self.num_envs, []
         self._drop_unused_assets()
         self._was_reset = False
 
@@ -367,12 +367,12 @@ class LiberoVectorEnv(VectorEnv):
         Idle scenes beyond ``num_envs * max_cached_tasks`` built ones are closed (least
         recently used first) before new ones are built, so memory never exceeds that many.
         """
-        self._idle.extend(b for b in self._active if b is not None)  # most recent last
-        self._active = [None] * self.num_envs
+        self._idle.extend(b for b in self._scene_of if b is not None)  # most recent last
+        self._scene_of = [None] * self.num_envs
         for i, task in enumerate(tasks):
             mine = [k for k, built in enumerate(self._idle) if built.task == task]
             if mine:
-                self._active[i] = self._idle.pop(mine[-1])
+                self._scene_of[i] = self._idle.pop(mine[-1])
         capacity = self.num_envs * self.config.max_cached_tasks
         changed = False
         while self._idle and len(self._idle) + self.num_envs > capacity:
@@ -380,8 +380,8 @@ class LiberoVectorEnv(VectorEnv):
             changed = True
         self._drop_unused_assets()
         for i, task in enumerate(tasks):
-            if self._active[i] is None and task is not None:
-                self._active[i] = _Built(task, self._build(task))
+            if self._scene_of[i] is None and task is not None:
+                self._scene_of[i] = _Built(task, self._build(task))
                 changed = True
         if changed:  # building and closing scenes frees hundreds of MB of temporaries
             release_free_heap()
@@ -407,7 +407,7 @@ class LiberoVectorEnv(VectorEnv):
 
     def _drop_unused_assets(self) -> None:
         """Free the renderers (GL contexts) of tasks no built scene has anymore."""
-        kept = {b.task for b in self._active if b is not None} | {b.task for b in self._idle}
+        kept = {b.task for b in self._scene_of if b is not None} | {b.task for b in self._idle}
         for task in [t for t in self._assets if t not in kept]:
             renderer = self._assets.pop(task).renderer
             if renderer is not None:
@@ -418,7 +418,7 @@ class LiberoVectorEnv(VectorEnv):
         self._state[i] = proprio_from_obs(raw_obs)
         if self._image is None:
             return
-        built = self._active[i]
+        built = self._scene_of[i]
         renderer, size = self._assets[built.task].renderer, self.config.image_size
         self._image[i] = flip_image(built.scene.draw_observed(renderer, CAMERAS["agentview"], size))
         if self._wrist is not None:
