@@ -25,7 +25,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-PRESETS = ("tiny", "tiny_libero")
+PRESETS = ("tiny", "tiny_libero", "tiny_libero_64")
 
 # Qwen2.5 tokenizer (tiny presets): 151646 ids. The tiny LM has 152000 output rows, of which
 # the last 64 are padding (as OpenVLA's 32064 = 32000 + 64): action ids are
@@ -106,6 +106,15 @@ TINY_LIBERO_ARCHITECTURE = VLAArchitecture(
     image_sizes=TINY_ARCHITECTURE.image_sizes,
     text_config={**_TINY_TEXT_CONFIG, "vocab_size": _LIBERO_ROWS, "pad_token_id": 0},
 )
+# tiny_libero reading 64 px images (8 x 8 patches of 8 px instead of 4 x 4): at 32 px a LIBERO
+# object is two or three pixels wide, too few for a policy trained on one demo to find it at
+# another init state (BENCHMARKS, the policies' table). Only the towers' position embeddings
+# grow (0.4 M parameters either way); the LM reads 64 patch tokens instead of 16.
+TINY_LIBERO_64_ARCHITECTURE = VLAArchitecture(
+    timm_model_ids=TINY_LIBERO_ARCHITECTURE.timm_model_ids,
+    image_sizes=(64, 64),
+    text_config=TINY_LIBERO_ARCHITECTURE.text_config,
+)
 
 
 @dataclass
@@ -116,7 +125,8 @@ class VLAOptions(PolicyOptions):
         preset: ``"tiny"``: random-init tiny model (two 3-block ViTs at 32 px, a 2-layer
             64-wide Llama, the Qwen2.5 tokenizer for the prompt text); ``"tiny_libero"``: the
             same with the LIBERO word tokenizer (0.4 M parameters, 1.6 MB of weights, for
-            LIBERO on a CPU). ``None`` with ``path``.
+            LIBERO on a CPU); ``"tiny_libero_64"``: ``tiny_libero`` reading 64 px images.
+            ``None`` with ``path``.
         path: local checkpoint directory in the published HF layout (``config.json``,
             ``*.safetensors``, tokenizer files, optional ``dataset_statistics.json``); loaded
             with ``local_files_only``. Mutually exclusive with ``preset``.

@@ -45,6 +45,7 @@ from policies.openvla.action_tokenizer import ActionTokenizer
 from policies.openvla.configuration import (
     ACTION_DIM,
     TINY_ARCHITECTURE,
+    TINY_LIBERO_64_ARCHITECTURE,
     TINY_LIBERO_ARCHITECTURE,
     VLAArchitecture,
     VLAOptions,
@@ -481,6 +482,7 @@ def make_value_head(hidden_size: int, seed: int) -> nn.Linear:
 PRESET_BUILDS = {
     "tiny": (TINY_ARCHITECTURE, build_qwen2_tokenizer),
     "tiny_libero": (TINY_LIBERO_ARCHITECTURE, build_libero_word_tokenizer),
+    "tiny_libero_64": (TINY_LIBERO_64_ARCHITECTURE, build_libero_word_tokenizer),
 }
 
 
