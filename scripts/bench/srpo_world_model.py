@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--world-model-pooling", default="mean_and_end")
     parser.add_argument("--rl-minutes", type=float, default=30.0)
+    parser.add_argument(
+        "--rl-steps", type=int, default=10000,
+        help="also stop after this many RL steps: a step budget that a shared machine "
+        "cannot change (the wall-time budget still applies)",
+    )  # fmt: skip
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=160)
     parser.add_argument("--groups", type=int, default=8, help="(task, init state) groups a step")
@@ -180,7 +185,7 @@ def rl_command(
         "algorithm.actor.loss_agg_mode=seq-mean-token-mean",
         "algorithm.actor.ppo_epochs=2", "algorithm.actor.num_mini_batches=2",
         "algorithm.actor.micro_batch_size=64",
-        "trainer.total_steps=10000", f"trainer.time_limit_min={args.rl_minutes}",
+        f"trainer.total_steps={args.rl_steps}", f"trainer.time_limit_min={args.rl_minutes}",
         f"trainer.checkpoint_every={args.eval_every}", f"eval.every={args.eval_every}",
         "eval.split=validation", f"eval.batch_size={validation}",
         f"run_dir={run_dir}",

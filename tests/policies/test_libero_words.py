@@ -1,10 +1,16 @@
-"""The LIBERO word tokenizer and the ``tiny_libero`` VLA preset that reads prompts with it."""
+"""The LIBERO word tokenizer and the ``tiny_libero`` VLA presets that read prompts with it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
-from policies.openvla.configuration import TINY_ARCHITECTURE, TINY_LIBERO_ARCHITECTURE
+from policies.openvla.configuration import (
+    TINY_ARCHITECTURE,
+    TINY_LIBERO_64_ARCHITECTURE,
+    TINY_LIBERO_ARCHITECTURE,
+)
 from policies.openvla.libero_words import UNK, build_libero_word_tokenizer, libero_vocabulary
 from policies.openvla.vla import PROMPT, PromptEncoder
 from policies.openvla_oft.modeling import build_openvla_oft
@@ -53,6 +59,31 @@ def test_the_preset_is_the_tiny_vla_without_the_qwen_rows():
 
     assert count(tiny) - count(small) == 2 * rows * width  # embedding and LM head rows
     assert count(small) == 392_346
+
+
+def test_the_64_px_preset_reads_64_patch_tokens_with_the_same_weights_otherwise():
+    """``tiny_libero_64`` = ``tiny_libero`` with 8 x 8 patches of 8 px: the rendered 64 px
+    frame reaches the towers unresized, the LM reads 64 image tokens instead of 16, and only
+    the two towers' position embeddings grow (48 more rows, widths 32 and 48)."""
+    assert TINY_LIBERO_64_ARCHITECTURE.image_sizes == (64, 64)
+    assert TINY_LIBERO_64_ARCHITECTURE.text_config == TINY_LIBERO_ARCHITECTURE.text_config
+    options = {"use_continuous_head": True, "use_proprio": True, "chunk": 8, "center_crop": False}
+    small = build_openvla_oft({**options, "preset": "tiny_libero"}, "cpu")
+    large = build_openvla_oft({**options, "preset": "tiny_libero_64"}, "cpu")
+
+    def count(policy):
+        return sum(p.numel() for p in policy.parameters())
+
+    assert count(large) - count(small) == (64 - 16) * (32 + 48)
+    images = np.random.default_rng(0).integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
+    pixels = large.pixel_values(images)  # (2, 6, 64, 64): both towers' normalisations
+    mean = torch.tensor(large.vla.vision_backbone.pixel_mean)[:3, None, None]
+    std = torch.tensor(large.vla.vision_backbone.pixel_std)[:3, None, None]
+    raw = torch.as_tensor(images[1]).permute(2, 0, 1).float() / 255
+    torch.testing.assert_close(pixels[1, :3], (raw - mean) / std)
+    assert small.pixel_values(images).shape[-1] == 32
+    assert small.vla.image_tokens(small.pixel_values(images)).shape[1] == 16
+    assert large.vla.image_tokens(pixels).shape[1] == 64
 
 
 @pytest.mark.libero

@@ -43,7 +43,7 @@ def test_weakest_tasks_from_the_newest_validation_eval(tmp_path: Path):
 
 
 def test_methods_commands(tmp_path: Path):
-    args = _args(tmp_path, "--rl-minutes", "12", "--world-model-pooling", "end")
+    args = _args(tmp_path, "--rl-minutes", "12", "--rl-steps", "9", "--world-model-pooling", "end")
     run_dir = tmp_path / "runs" / "x"
     commands = {m: swm.rl_command(args, m, 1, [3, 7], run_dir) for m in swm.METHODS}
     encoder_entry = "models.video_encoder.policy=video_encoder.vjepa2"
@@ -64,7 +64,7 @@ def test_methods_commands(tmp_path: Path):
         # the same start, tasks, seed, budget and validation split for every method
         assert f"models.actor.init_from={(tmp_path / 'sft').resolve()}" in command
         assert "data.tasks=[3,7]" in command and "seed=1" in command
-        assert "trainer.time_limit_min=12.0" in command
+        assert "trainer.time_limit_min=12.0" in command and "trainer.total_steps=9" in command
         # held out every 5th state: validation 4, 14, ..., 44 -> 5 per task, 2 tasks
         assert "eval.split=validation" in command and "eval.batch_size=10" in command
     test = swm.eval_command(args, "srpo_libero", run_dir, [3, 7], "test")
