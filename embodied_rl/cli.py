@@ -102,7 +102,8 @@ def _ids(text: str) -> int | None:
 
 def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
     text = (
-        "write scripted LIBERO pick-and-place demonstrations (LIBERO's HDF5 layout) and, "
+        "write scripted LIBERO demonstrations (pick and place, drawers, knobs, pushes; LIBERO's "
+        "HDF5 layout) and, "
         "with --report, the planner's success on every official init state"
     )
     cmd = sub.add_parser("demos", help=text, description=text)

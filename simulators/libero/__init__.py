@@ -8,8 +8,9 @@ Modules:
   its scenes share;
 - ``suites``: LIBERO's import, suites and the OpenVLA conventions (actions, proprio, image
   flip);
-- ``goals``, ``grasp``, ``privileged``, ``planner``: a scripted pick-and-place planner that
-  reads the task's goal and the true scene state;
+- ``goals``, ``grasp``, ``skills``, ``skill_phases``, ``privileged``, ``planner``: a scripted planner
+  (pick-and-place, push, drawer opening, knob turning) that reads the task's goal and the
+  true scene state;
 - ``demos``, ``demos_cli``: demonstrations recorded with that planner, and the ``demos``
   command (``embodied-rl demos``) that writes them.
 

@@ -33,11 +33,8 @@ from tqdm import tqdm
 from embodied_rl.data.demos import DemoEpisode, write_demo_file
 from embodied_rl.runtime.config import ConfigError
 from simulators.libero.env import LiberoConfig, LiberoVectorEnv
-from simulators.libero.goals import (
-    PickPlace,
-    UnsupportedGoalError,
-)
-from simulators.libero.planner import PickPlacePlanner, PlannerConfig
+from simulators.libero.goals import Step, UnsupportedGoalError
+from simulators.libero.planner import PlannerConfig, ScriptedPlanner
 from simulators.libero.privileged import PrivilegedScene
 from simulators.libero.suites import CAMERAS, SUITE_MAX_STEPS, import_libero, make_suite
 
@@ -136,7 +133,7 @@ def _record(scene: PrivilegedScene, obs: Any, frames: dict[str, list]) -> None:
 
 
 def _drive(
-    vec: LiberoVectorEnv, planner: PickPlacePlanner, obs: Any, frames: dict[str, list] | None
+    vec: LiberoVectorEnv, planner: ScriptedPlanner, obs: Any, frames: dict[str, list] | None
 ) -> tuple[list[np.ndarray], bool, str | None]:
     """Step ``vec`` with the planner's actions until success, failure or the step limit.
 
@@ -164,7 +161,7 @@ def run_episode(
     vec: LiberoVectorEnv,
     task: TaskInfo,
     init_state_id: int,
-    steps: tuple[PickPlace, ...],
+    steps: tuple[Step, ...],
     config: PlannerConfig,
 ) -> EpisodeResult:
     """Run the planner from one official init state; record it when ``vec`` has cameras.
@@ -175,7 +172,7 @@ def run_episode(
     scene = PrivilegedScene(_raw_env(vec))
     frames = {key: [] for key in FRAME_KEYS} if vec.config.cameras else None
     try:
-        actions, success, failure = _drive(vec, PickPlacePlanner(scene, steps, config), obs, frames)
+        actions, success, failure = _drive(vec, ScriptedPlanner(scene, steps, config), obs, frames)
     except UnsupportedGoalError as err:  # e.g. an object no grasp fits
         return EpisodeResult(init_state_id, False, 0, str(err))
     episode = None
@@ -248,7 +245,7 @@ def write_task_demos(
         attrs={
             "embodied_rl_suite": suite,
             "embodied_rl_task_id": task.task_id,
-            "embodied_rl_source": "scripted pick-and-place planner (simulators/libero/planner.py)",
+            "embodied_rl_source": "scripted planner (simulators/libero/planner.py)",
         },
     )
 
@@ -269,7 +266,7 @@ def _env_options(suite: str, image_size: int | None) -> dict[str, Any]:
 def run_task(
     suite: str,
     task: TaskInfo,
-    steps: tuple[PickPlace, ...],
+    steps: tuple[Step, ...],
     init_ids: Sequence[int],
     image_size: int | None,
     out: Path | None,

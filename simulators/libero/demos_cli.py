@@ -20,7 +20,7 @@ from tqdm import tqdm
 from embodied_rl.registry import COMMANDS
 from embodied_rl.runtime.config import ConfigError
 from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
-from simulators.libero.goals import PickPlace, UnsupportedGoalError, parse_goal, pick_place_steps
+from simulators.libero.goals import Step, UnsupportedGoalError, goal_steps, parse_goal
 from simulators.libero.planner import PlannerConfig
 
 
@@ -36,7 +36,7 @@ class TaskReport:
     mean_steps: float | None = None  # over successful episodes
     failed_init_states: list[int] = field(default_factory=list)
     failures: dict[int, str] = field(default_factory=dict)
-    unsupported: str | None = None  # the goal is not pick-and-place
+    unsupported: str | None = None  # the planner has no skill for the goal
 
     @property
     def rate(self) -> float:
@@ -129,12 +129,12 @@ def write_report(out: Path, suite: str, reports: Sequence[TaskReport]) -> tuple[
     return json_path, md_path
 
 
-def _goal_steps(tasks: Sequence[TaskInfo]) -> dict[int, tuple[PickPlace, ...] | str]:
-    """Each task's pick-and-place steps, or the reason its goal is unsupported."""
-    goals: dict[int, tuple[PickPlace, ...] | str] = {}
+def _goal_steps(tasks: Sequence[TaskInfo]) -> dict[int, tuple[Step, ...] | str]:
+    """Each task's skill steps, or the reason its goal is unsupported."""
+    goals: dict[int, tuple[Step, ...] | str] = {}
     for task in tasks:
         try:
-            goals[task.task_id] = pick_place_steps(parse_goal(task.bddl_text))
+            goals[task.task_id] = goal_steps(parse_goal(task.bddl_text))
         except UnsupportedGoalError as err:
             goals[task.task_id] = str(err)
     return goals
@@ -175,7 +175,7 @@ def demos_command(
 
     Raises:
         ConfigError: bad input (unknown suite, ids out of range, ``out`` is a file, no task
-            with a pick-and-place goal), naming the fix.
+            with a goal the planner handles), naming the fix.
     """
     out = Path(out)
     if image_size < 1:
@@ -187,8 +187,9 @@ def demos_command(
     goals = _goal_steps(selected)
     if all(isinstance(goal, str) for goal in goals.values()):
         raise ConfigError(
-            f"no selected task of {suite} has a pick-and-place goal ({next(iter(goals.values()))})",
-            "choose tasks whose goals are In/On predicates, e.g. --suite libero_object",
+            f"no selected task of {suite} has a goal the planner handles "
+            f"({next(iter(goals.values()))})",
+            "choose tasks whose goals are In/On/Open/Turnon predicates, e.g. --suite libero_goal",
         )
     config = config or PlannerConfig()
     runnable = [t for t in selected if not isinstance(goals[t.task_id], str)]

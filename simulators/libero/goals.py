@@ -1,4 +1,4 @@
-"""Goals of LIBERO tasks, read from the BDDL problem text, as pick-and-place steps.
+"""Goals of LIBERO tasks, read from the BDDL problem text, as the planner's skill steps.
 
 A LIBERO task file (BDDL, a PDDL dialect) states its goal as a conjunction of predicates::
 
@@ -7,10 +7,19 @@ A LIBERO task file (BDDL, a PDDL dialect) states its goal as a conjunction of pr
     )
 
 :func:`parse_goal` reads that block into :class:`GoalAtom` s with a small s-expression reader
-(no LIBERO import), and :func:`pick_place_steps` turns ``In`` / ``On`` atoms into the
-:class:`PickPlace` steps the scripted planner executes, in the order the file lists them.
-Other predicates (``Open``, ``Close``, ``Turnon``, ...) need articulated-object skills the
-planner does not have: they are refused with :class:`UnsupportedGoalError`.
+(no LIBERO import), and :func:`goal_steps` turns the atoms into the skill steps the scripted
+planner executes, in the order the file lists them:
+
+- ``(In obj region)`` / ``(On obj target)``: :class:`PickPlace`; but an ``On`` of a plate to a
+  table region is a :class:`Push` (a plate is wider than the open gripper and flat), and an
+  ``In`` into a cabinet drawer's region first gets :class:`OpenDrawer` of that region (the
+  drawers of LIBERO's cabinets start closed: libero_goal's "open the top drawer and put the
+  bowl inside" states only the ``In``);
+- ``(Open <cabinet>_<top|middle|bottom>_region)``: :class:`OpenDrawer`;
+- ``(Turnon obj)``: :class:`TurnOn` (a stove's knob).
+
+Other predicates (``Close``, ``Turnoff``, ``Open`` of a microwave door, ...) are refused with
+:class:`UnsupportedGoalError`.
 
 Goal semantics (LIBERO's ``predicates/base_predicates.py``):
 
@@ -18,7 +27,11 @@ Goal semantics (LIBERO's ``predicates/base_predicates.py``):
   object's body position, an axis-aligned box test, and they touch (always true for sites);
 - ``(On obj target)``: the object rests on ``target``: for a site region it is above the
   site's top face within its extent; for an object (``plate_1``) the object is higher, in
-  contact, and its centre within 3 cm (xy) of the target's.
+  contact, and its centre within 3 cm (xy) of the target's;
+- ``(Open region)``: the region's joint (a drawer's slide) is past the fixture's open
+  threshold (a wooden cabinet's drawer: ``qpos < -0.14`` m, joint range -0.16 .. 0.01);
+- ``(Turnon obj)``: the fixture's knob joint is past its on threshold (a flat stove's
+  knob: ``qpos >= 0.5`` rad, range -0.005 .. 2.1).
 """
 
 from __future__ import annotations
@@ -26,12 +39,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PICK_PLACE_RELATIONS = ("in", "on")
+PUSHED_KINDS = ("plate",)  # 13.8 cm wide, 2 cm high: pushed along the table, never grasped
+DRAWER_LEVELS = ("top", "middle", "bottom")
+HANDLED = (
+    "(In obj region), (On obj target), (Open <cabinet>_<top|middle|bottom>_region) and (Turnon obj)"
+)
 
 Sexp = str | list["Sexp"]
 
 
 class UnsupportedGoalError(ValueError):
-    """The task's goal is not a sequence of pick-and-place predicates the planner handles."""
+    """The task's goal is not a sequence of predicates the planner has skills for."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,31 @@ class PickPlace:
     obj: str
     relation: str
     target: str
+
+
+@dataclass(frozen=True)
+class Push:
+    """Push ``obj`` (a dish) along the table until it is ``On`` the table region ``target``."""
+
+    obj: str
+    target: str
+
+
+@dataclass(frozen=True)
+class OpenDrawer:
+    """Pull the drawer of cabinet region ``region`` (e.g. ``wooden_cabinet_1_top_region``) open."""
+
+    region: str
+
+
+@dataclass(frozen=True)
+class TurnOn:
+    """Turn the knob of fixture ``obj`` (e.g. ``flat_stove_1``) to on."""
+
+    obj: str
+
+
+Step = PickPlace | Push | OpenDrawer | TurnOn
 
 
 def _tokens(text: str) -> list[str]:
@@ -123,20 +166,55 @@ def parse_goal(bddl_text: str) -> tuple[GoalAtom, ...]:
     return tuple(_atoms(goal[1]))
 
 
-def pick_place_steps(atoms: tuple[GoalAtom, ...]) -> tuple[PickPlace, ...]:
-    """The pick-and-place steps that achieve ``atoms``, in order.
+def object_kind(name: str) -> str:
+    """An instance's category: ``plate_1`` -> ``plate`` (BDDL numbers instances ``_1``, ``_2``)."""
+    head, _, tail = name.rpartition("_")
+    return head if head and tail.isdigit() else name
+
+
+def is_drawer_region(name: str) -> bool:
+    """Whether region ``name`` is a cabinet drawer's (``<...>cabinet_<n>_<level>_region``)."""
+    return "cabinet" in name and any(name.endswith(f"_{lv}_region") for lv in DRAWER_LEVELS)
+
+
+def is_table_region(name: str) -> bool:
+    """Whether ``name`` is a region of a table (``main_table_stove_front_region``)."""
+    return name.endswith("_region") and "table_" in name
+
+
+def _unsupported(atom: GoalAtom) -> UnsupportedGoalError:
+    return UnsupportedGoalError(
+        f"goal ({atom.predicate} {' '.join(atom.args)}) is not supported; the scripted planner "
+        f"handles {HANDLED} only"
+    )
+
+
+def _atom_steps(atom: GoalAtom, opened: set[str]) -> list[Step]:
+    """The steps of one atom; ``opened`` (drawer regions opened so far) is updated."""
+    args = atom.args
+    if atom.predicate == "open" and len(args) == 1 and is_drawer_region(args[0]):
+        opened.add(args[0])
+        return [OpenDrawer(args[0])]
+    if atom.predicate == "turnon" and len(args) == 1:
+        return [TurnOn(args[0])]
+    if atom.predicate not in PICK_PLACE_RELATIONS or len(args) != 2:
+        raise _unsupported(atom)
+    obj, target = args
+    if atom.predicate == "on" and object_kind(obj) in PUSHED_KINDS and is_table_region(target):
+        return [Push(obj, target)]
+    steps: list[Step] = []
+    if atom.predicate == "in" and is_drawer_region(target) and target not in opened:
+        opened.add(target)  # an In a closed drawer needs it open first (a no-op if it is)
+        steps.append(OpenDrawer(target))
+    return [*steps, PickPlace(obj, atom.predicate, target)]
+
+
+def goal_steps(atoms: tuple[GoalAtom, ...]) -> tuple[Step, ...]:
+    """The skill steps that achieve ``atoms``, in order (preconditions first).
 
     Raises:
-        UnsupportedGoalError: an atom is not a binary ``In`` / ``On`` (e.g. ``Open``,
-            ``Turnon``), naming it.
+        UnsupportedGoalError: an atom has no skill (e.g. ``Close``, ``Turnoff``, ``Open`` of
+            a microwave), naming it and what the planner handles.
     """
-    steps = []
-    for atom in atoms:
-        if atom.predicate not in PICK_PLACE_RELATIONS or len(atom.args) != 2:
-            raise UnsupportedGoalError(
-                f"goal ({atom.predicate} {' '.join(atom.args)}) is not a pick-and-place "
-                f"predicate; the scripted planner handles (In obj region) and (On obj target) "
-                "only (e.g. the libero_object and libero_spatial suites)"
-            )
-        steps.append(PickPlace(atom.args[0], atom.predicate, atom.args[1]))
-    return tuple(steps)
+    opened: set[str] = set()
+    return tuple(step for atom in atoms for step in _atom_steps(atom, opened))

@@ -222,6 +222,22 @@ def _collides(
     return any(len(obstacles.overlapping(rect, bottom, margin)) for rect, bottom in footprints)
 
 
+def clear_yaw(
+    position: np.ndarray,
+    yaws: Sequence[float],
+    obstacles: Sequence[np.ndarray],
+    gripper: Sequence[tuple[np.ndarray, np.ndarray]],
+    margin: float,
+) -> float | None:
+    """The first of ``yaws`` at which the gripper (boxes in the grip-site frame) pointing down
+    at ``position (3,)`` misses every obstacle piece ``(Q, 3)``; ``None`` if none does."""
+    hulls = Obstacles.of(obstacles)
+    for yaw in yaws:
+        if not _collides(gripper_footprints(gripper, position, yaw), hulls, margin):
+            return float(yaw)
+    return None
+
+
 def plan_grasp(
     points: np.ndarray,
     obstacles: Sequence[np.ndarray],

@@ -1,10 +1,25 @@
-"""A scripted pick-and-place planner for LIBERO, closed-loop on privileged simulator state.
+"""A scripted planner for LIBERO, closed-loop on privileged simulator state.
 
-For each :class:`~simulators.libero.goals.PickPlace` step of a task's goal, the planner
-drives the end effector (eef) through waypoints: above the object, down to the grasp, close
-the gripper, lift, over the target, down, open, back up. Every waypoint is computed from the
-scene (:class:`~simulators.libero.privileged.PrivilegedScene`) when its phase starts, so a nudged object or
-a slipped grasp is seen; a grasp that does not hold when lifting is retried.
+For each step of a task's goal (:mod:`simulators.libero.goals`) the planner drives the end
+effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards a waypoint:
+
+- :class:`~simulators.libero.goals.PickPlace`: above the object, down to the grasp, close
+  the gripper, lift, over the target, down, open, back up; a grasp that does not hold when
+  lifting is retried;
+- :class:`~simulators.libero.goals.Push` (a plate): closed fingers down into the dish, then
+  moved by what the dish still has to move (re-aimed every step), so they drag it by the
+  inside of its rim until its body is on the goal region, back up (from behind, a plate
+  next to a cabinet leaves no room for the hand);
+- :class:`~simulators.libero.goals.OpenDrawer`: the hand turned nearly horizontal high above
+  the front of the handle, down, in to the bar, close, pull along the drawer's axis past
+  LIBERO's open threshold, open, back off (a drawer already open is skipped);
+- :class:`~simulators.libero.goals.TurnOn`: a grasp of the knob's ridge from above (the hand
+  tilted towards the robot's base), a twist about the vertical past LIBERO's on threshold,
+  open, back up.
+
+Every waypoint is computed from the scene
+(:class:`~simulators.libero.privileged.PrivilegedScene`) when its phase starts, so a nudged
+object or a slipped grasp is seen.
 
 Actions are in the policies' convention (:data:`simulators.libero.suites.ACTION_DIM`):
 ``[dx, dy, dz, drx, dry, drz, gripper]`` in ``[-1, 1]``, the first six scaled by OSC_POSE to
@@ -28,19 +43,35 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
-from simulators.libero.goals import PickPlace, UnsupportedGoalError
+from simulators.libero.goals import OpenDrawer, PickPlace, Push, Step, TurnOn, UnsupportedGoalError
 from simulators.libero.grasp import (
     Grasp,
     GraspLimits,
-    down_rotation,
     path_obstacle_top,
     plan_grasp,
     wrap_angle,
     yaw_of,
 )
 from simulators.libero.privileged import PrivilegedScene
+from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
+from simulators.libero.skills import knob_grip_points
 
-OPEN, CLOSE = -1.0, 1.0
+# The phases of each kind of step, in order; the last one ends the step.
+PHASES = {
+    PickPlace: ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat"),
+    Push: ("push_over", "push_down", "push", "push_up"),
+    OpenDrawer: (
+        "handle_above",
+        "handle_front",
+        "handle_in",
+        "grip",
+        "pull",
+        "release",
+        "back_off",
+    ),
+    TurnOn: ("approach", "descend", "close", "twist", "release", "retreat"),
+}
+LIVE_PHASES = ("push", "pull", "twist")  # phases whose waypoint is recomputed every step
 
 
 @dataclass
@@ -58,9 +89,32 @@ class PlannerConfig:
         place_lift: held object's bottom above the place surface when released.
         position_tolerance / yaw_tolerance: a waypoint counts as reached within these.
         close_steps / release_steps: gripper steps (min, max) to close and to open.
+        release_opening: a release ends early only with the fingers this far apart (m).
+        settle_steps: after the last step, steps to wait for the success test (a released
+            object may still be landing) before giving up.
         max_attempts: grasp attempts per object before giving up.
+        min_held_width: fingers closer than this (m) hold nothing between them.
         phase_steps: a phase that has not reached its waypoint after this many steps ends
             the episode as a planner failure.
+        push_margin: pushing: the pushed dish's path keeps this far from other objects.
+        push_lookahead: pushing: the dish is aimed at the path point this far ahead of it.
+        push_speed: pushing: how far beyond the contact (m) the push aims each step.
+        push_contact: pushing: the fingers' distance from the dish's centre while dragging
+            it (a LIBERO plate's floor is 6 cm across, its rim's foot 8 to 10 cm).
+        push_height: pushing: finger tips' target above the pushed dish's bottom; below it,
+            so that the fingers press on the dish's floor (OSC's stiffness turns the 2 cm into
+            a few newtons): held down, they drag the dish by friction and by the inside of
+            its rim instead of riding up the rim's slope.
+        push_tolerance: pushing ends with the body this close (xy) to the region's centre.
+        handle_standoff: drawers: eef distance in front of the handle before going in.
+        tip_clearance: drawers: the deepest finger point past the handle bar's back face.
+        handle_pitch: drawers: the hand's tilt (tips down, rad) when gripping a handle.
+        pull_overshoot: drawers: pull this far (m) past the middle of the open range.
+        pull_speed: drawers: how far ahead of the eef (m) the pull aims each step.
+        rotation_tolerance: a full-rotation waypoint counts as reached within this angle.
+        knob_overturn: knobs: twist this far (rad) past the on threshold.
+        knob_pitch: knobs: the hand's tilt (rad) about its closing axis, tips towards the
+            robot's base.
     """
 
     position_gain: float = 1.0
@@ -74,24 +128,32 @@ class PlannerConfig:
     yaw_tolerance: float = 0.08
     close_steps: tuple[int, int] = (4, 14)
     release_steps: tuple[int, int] = (3, 12)
+    release_opening: float = 0.06
+    settle_steps: int = 10
     max_attempts: int = 2
+    min_held_width: float = 0.003
     phase_steps: int = 80
-
-
-@dataclass
-class Waypoint:
-    """Target of a phase: eef position ``(3,)``, yaw, gripper command."""
-
-    position: np.ndarray
-    yaw: float
-    gripper: float
+    push_height: float = -0.008
+    push_margin: float = 0.01
+    push_lookahead: float = 0.03
+    push_speed: float = 0.05
+    push_contact: float = 0.03
+    push_tolerance: float = 0.015
+    handle_standoff: float = 0.08
+    tip_clearance: float = 0.012
+    handle_pitch: float = 0.21
+    pull_overshoot: float = 0.005
+    pull_speed: float = 0.02
+    rotation_tolerance: float = 0.1
+    knob_overturn: float = 0.35
+    knob_pitch: float = 0.5
 
 
 @dataclass
 class _State:
     """Mutable progress through the goal (reset for every episode)."""
 
-    step: int = 0  # index into the PickPlace steps
+    step: int = 0  # index into the goal's steps
     phase: str = "approach"
     phase_steps: int = 0
     attempts: int = 1
@@ -104,6 +166,7 @@ class _State:
     gripper_settled: bool = False  # the fingers moved under 0.5 mm in the last step
     failure: str | None = None
     history: list[str] = field(default_factory=list)
+    path: np.ndarray | None = None  # a pushed object's planned centre positions (M, 2)
 
 
 def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
@@ -122,8 +185,8 @@ def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
     return quat[1:] / sin_half * 2.0 * np.arctan2(sin_half, quat[0])
 
 
-class PickPlacePlanner:
-    """Waypoint pick-and-place through a sequence of :class:`PickPlace` steps.
+class ScriptedPlanner(SkillPhases):
+    """Waypoint skills through a sequence of goal steps (:data:`PHASES`).
 
     Call :meth:`act` once per env step with the scene in its current state; it returns the
     next ``(7,)`` action. :attr:`failure` is set (and :meth:`act` keeps returning a still,
@@ -131,18 +194,18 @@ class PickPlacePlanner:
 
     Args:
         scene: the privileged view of the env.
-        steps: what to pick and where to place it, in order.
+        steps: the goal's skill steps, in order.
         config: gains and clearances.
     """
 
     def __init__(
         self,
         scene: PrivilegedScene,
-        steps: tuple[PickPlace, ...],
+        steps: tuple[Step, ...],
         config: PlannerConfig | None = None,
     ) -> None:
         if not steps:
-            raise UnsupportedGoalError("the goal has no pick-and-place step")
+            raise UnsupportedGoalError("the goal has no step")
         self.scene = scene
         self.steps = steps
         self.config = config or PlannerConfig()
@@ -152,7 +215,7 @@ class PickPlacePlanner:
     def reset(self) -> None:
         """Start from the first step (call after every env reset and ``scene.refresh()``)."""
         self._s = _State()
-        self._enter("approach")
+        self._enter(self._order()[0])
 
     @property
     def failure(self) -> str | None:
@@ -182,7 +245,9 @@ class PickPlacePlanner:
                     break
         if s.failure is not None:
             position, _ = self.scene.eef_pose()
-            return self._control(Waypoint(position, s.waypoint.yaw, OPEN))
+            return self._control(Waypoint(position, s.waypoint.yaw, OPEN, s.waypoint.rotation))
+        if s.phase in LIVE_PHASES:
+            s.waypoint = getattr(self, f"_waypoint_{s.phase}")()
         s.phase_steps += 1
         if s.phase_steps > self.config.phase_steps:
             s.failure = f"phase {s.phase!r} of step {s.step} did not finish"
@@ -206,49 +271,66 @@ class PickPlacePlanner:
         position_scale, rotation_scale = self.scene.action_scale()
         c = self.config
         move = c.position_gain * (waypoint.position - position) / position_scale
-        turn = c.rotation_gain * rotation_error(down_rotation(waypoint.yaw), rotation)
+        turn = c.rotation_gain * rotation_error(waypoint.target_rotation(), rotation)
         turn = turn / rotation_scale
         action = np.concatenate([move, turn, [waypoint.gripper]])
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     def _errors(self) -> tuple[float, float, float]:
-        """``(xy distance, |z error|, |yaw error|)`` of the eef to the current waypoint."""
+        """``(xy distance, |z error|, |yaw error|)`` of the eef to the current waypoint (for a
+        full-rotation waypoint the angle of the whole rotation error instead of the yaw's)."""
         position, rotation = self.scene.eef_pose()
-        error = self._s.waypoint.position - position
-        yaw_error = abs(wrap_angle(self._s.waypoint.yaw - yaw_of(rotation)))
-        return float(np.linalg.norm(error[:2])), float(abs(error[2])), yaw_error
+        waypoint = self._s.waypoint
+        error = waypoint.position - position
+        if waypoint.rotation is None:
+            turn = abs(wrap_angle(waypoint.yaw - yaw_of(rotation)))
+        else:
+            turn = float(np.linalg.norm(rotation_error(waypoint.rotation, rotation)))
+        return float(np.linalg.norm(error[:2])), float(abs(error[2])), turn
+
+    @property
+    def _step(self) -> Step:
+        return self.steps[self._s.step]
+
+    def _order(self) -> tuple[str, ...]:
+        """The phases of the current step."""
+        return PHASES[type(self._step)]
 
     # --- phases -------------------------------------------------------------------------------
     def _phase_done(self) -> bool:
         """Whether the current phase's exit condition holds (reads the scene)."""
         s, c = self._s, self.config
         xy, z, yaw = self._errors()
-        reached = xy < c.position_tolerance and z < c.position_tolerance and yaw < c.yaw_tolerance
-        if s.phase == "approach":
-            return (
-                xy < c.position_tolerance and z < 2 * c.position_tolerance and yaw < c.yaw_tolerance
-            )
+        tol = c.position_tolerance
+        reached = xy < tol and z < tol and yaw < c.yaw_tolerance
+        # blocked by contact (the object, the surface, the handle) counts as arrived
+        blocked = s.still_steps >= 2 and s.phase_steps >= 4
+        if s.phase in ("approach", "push_over"):
+            return xy < tol and z < 2 * tol and yaw < c.yaw_tolerance
         if s.phase == "carry":  # a held load can stop the arm short: near and still is enough
-            stalled = s.still_steps >= 3 and xy < 3 * c.position_tolerance
-            return (xy < c.position_tolerance or stalled) and z < 3 * c.position_tolerance
-        if s.phase in ("descend", "lower"):
-            # blocked by contact (the object or the surface) counts as arrived
-            blocked = s.still_steps >= 2 and s.phase_steps >= 4 and z < 3 * c.position_tolerance
-            return reached or (blocked and xy < 2 * c.position_tolerance)
-        if s.phase in ("close", "release"):
-            low, high = c.close_steps if s.phase == "close" else c.release_steps
+            stalled = s.still_steps >= 3 and xy < 3 * tol
+            return (xy < tol or stalled) and z < 3 * tol
+        if s.phase in ("descend", "lower", "push_down"):
+            return reached or (blocked and xy < 2 * tol and z < 3 * tol)
+        if s.phase in ("close", "grip"):
+            low, high = c.close_steps
             return s.phase_steps >= high or (s.phase_steps >= low and s.gripper_settled)
-        if s.phase in ("lift", "retreat", "reopen"):  # vertical moves: the height matters
-            return z < 2 * c.position_tolerance
-        raise AssertionError(f"unknown phase {s.phase}")
+        if s.phase == "release":  # fingers still pinching (a cream cheese) are not settled
+            low, high = c.release_steps
+            opened = s.gripper_settled and self.scene.finger_opening() >= c.release_opening
+            return s.phase_steps >= high or (s.phase_steps >= low and opened)
+        if s.phase == "settle":
+            return s.phase_steps >= c.settle_steps
+        if s.phase in ("lift", "retreat", "reopen", "push_up"):  # vertical: the height matters
+            return z < 2 * tol
+        return self._skill_phase_done(xy, z, yaw, blocked)
 
     def _advance(self) -> None:
-        """Leave the current phase for the next one (or retry / finish)."""
-        s = self._s
-        order = ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat")
-        if s.phase == "lift" and not self.scene.is_grasping(self.steps[s.step].obj):
+        """Leave the current phase for the next one (or retry / finish the step)."""
+        s, step = self._s, self._step
+        if s.phase == "lift" and not self._holding(step.obj):
             if s.attempts >= self.config.max_attempts:
-                s.failure = f"grasp of {self.steps[s.step].obj!r} failed {s.attempts} times"
+                s.failure = f"grasp of {step.obj!r} failed {s.attempts} times"
                 return
             s.attempts += 1
             self._enter("reopen")
@@ -256,14 +338,35 @@ class PickPlacePlanner:
         if s.phase == "reopen":
             self._enter("approach")
             return
-        if s.phase == "retreat":
-            if s.step + 1 >= len(self.steps):
-                s.failure = "all steps done but the task's success test does not hold"
-                return
-            s.step, s.attempts = s.step + 1, 1
-            self._enter("approach")
+        if s.phase == "twist" and not self.scene.is_turned_on(step.obj):
+            s.failure = f"the knob of {step.obj!r} did not turn on"
+            return
+        order = self._order()
+        opened = s.phase == "handle_above" and self.scene.is_open(step.region)
+        if s.phase in (order[-1], "settle") or opened:
+            self._next_step()
             return
         self._enter(order[order.index(s.phase) + 1])
+
+    def _holding(self, obj: str) -> bool:
+        """Whether the lifted ``obj`` is held: both finger pads touch it (robosuite's test),
+        or it rose with the hand by half the lift between fingers that are not shut (a bowl
+        held by its rim often touches the fingers but not both pads; one caught on a finger
+        side rises too, then falls)."""
+        rose = self.scene.object_position(obj)[2] - self._s.grasped_from[2]
+        pinched = self.scene.finger_opening() > self.config.min_held_width  # not shut on air
+        return self.scene.is_grasping(obj) or (rose > self.config.approach_height / 2 and pinched)
+
+    def _next_step(self) -> None:
+        s = self._s
+        if s.phase == "settle":
+            s.failure = "all steps done but the task's success test does not hold"
+            return
+        if s.step + 1 >= len(self.steps):  # a released object may still be landing
+            self._enter("settle")
+            return
+        s.step, s.attempts = s.step + 1, 1
+        self._enter(self._order()[0])
 
     def _enter(self, phase: str) -> None:
         """Start ``phase``: compute its waypoint from the scene as it is now."""
@@ -275,23 +378,26 @@ class PickPlacePlanner:
     def _waypoint_approach(self) -> Waypoint:
         s, c = self._s, self.config
         position, rotation = self.scene.eef_pose()
-        obj = self.steps[s.step].obj
-        s.grasp = self._plan_grasp(obj, yaw_of(rotation), position[:2])
+        obj = self._step.obj
+        s.grasp = self._plan_grasp(yaw_of(rotation), position[:2])
         s.grasped_from = self.scene.object_position(obj)
         target = s.grasp.position[:2]
         blocking = path_obstacle_top(position[:2], target, self._others(obj), c.path_margin)
         height = max(s.grasp.top + c.approach_height, blocking + c.path_clearance)
-        return Waypoint(np.array([*target, height]), s.grasp.yaw, OPEN)
+        return Waypoint(np.array([*target, height]), s.grasp.yaw, OPEN, self._hand(s.grasp.yaw))
 
     def _waypoint_descend(self) -> Waypoint:
         """The approach's grasp, moved as far as the object has moved since (xy)."""
         s = self._s
         moved = self.scene.object_position(self.steps[s.step].obj) - s.grasped_from
         position = s.grasp.position + np.array([moved[0], moved[1], 0.0])
-        return Waypoint(position, s.grasp.yaw, OPEN)
+        return Waypoint(position, s.grasp.yaw, OPEN, self._hand(s.grasp.yaw))
 
     def _waypoint_close(self) -> Waypoint:
-        return Waypoint(self._s.waypoint.position.copy(), self._s.waypoint.yaw, CLOSE)
+        waypoint = self._s.waypoint
+        return Waypoint(waypoint.position.copy(), waypoint.yaw, CLOSE, waypoint.rotation)
+
+    _waypoint_grip = _waypoint_close
 
     def _waypoint_lift(self) -> Waypoint:
         """Straight up to the carry height, and at least ``approach_height`` off the support."""
@@ -313,12 +419,17 @@ class PickPlacePlanner:
         return Waypoint(np.array([*target, self._place_height()]), self._s.waypoint.yaw, CLOSE)
 
     def _waypoint_release(self) -> Waypoint:
-        return Waypoint(self._s.waypoint.position.copy(), self._s.waypoint.yaw, OPEN)
+        waypoint = self._s.waypoint
+        return Waypoint(waypoint.position.copy(), waypoint.yaw, OPEN, waypoint.rotation)
 
     def _waypoint_retreat(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
         up = position + np.array([0.0, 0.0, self.config.approach_height])
         return Waypoint(up, self._s.waypoint.yaw, OPEN)
+
+    def _waypoint_settle(self) -> Waypoint:
+        position, _ = self.scene.eef_pose()
+        return Waypoint(position, self._s.waypoint.yaw, OPEN, self._s.waypoint.rotation)
 
     def _waypoint_reopen(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
@@ -330,12 +441,21 @@ class PickPlacePlanner:
         names = self.scene.movable_objects() + self.scene.fixtures()
         return [part for n in names if n != obj for part in self.scene.object_parts(n)]
 
-    def _plan_grasp(self, obj: str, yaw: float, eef_xy: np.ndarray) -> Grasp:
-        """A grasp of ``obj`` from the scene now, preferring ``yaw`` and sides near ``eef_xy``."""
+    def _plan_grasp(self, yaw: float, eef_xy: np.ndarray) -> Grasp:
+        """A grasp of the step's object from the scene now, preferring ``yaw`` and sides near
+        ``eef_xy``; a knob's ridge for :class:`TurnOn` (its tabs are obstacles, like the
+        other objects)."""
+        obj = self._step.obj
+        points, obstacles = self.scene.object_points(obj), self._others(obj)
+        if isinstance(self._step, TurnOn):
+            parts = self.scene.body_parts(self.scene.object_joint(obj).body)
+            points = knob_grip_points(parts)
+            top = float(points[:, 2].max())
+            obstacles += [p for p in parts if float(p[:, 2].max()) < top]
         try:
             return plan_grasp(
-                self.scene.object_points(obj),
-                self._others(obj),
+                points,
+                obstacles,
                 self.scene.gripper_boxes(),
                 yaw,
                 self.config.grasp,

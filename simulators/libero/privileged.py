@@ -46,6 +46,23 @@ class RegionBox:
         return (self.low + self.high) / 2
 
 
+@dataclass(frozen=True)
+class Joint:
+    """A fixture's 1-dof joint (a drawer's slide, a knob's hinge) as it is now.
+
+    Attributes:
+        name: the MuJoCo joint name (``wooden_cabinet_1_top_level``).
+        qpos: its position (metres for a slide, radians for a hinge).
+        axis: ``(3,)`` world-frame unit axis: a slide moves its body by ``qpos * axis``.
+        body: id of the body it moves (the drawer, the knob).
+    """
+
+    name: str
+    qpos: float
+    axis: np.ndarray
+    body: int
+
+
 class PrivilegedScene:
     """Read-only privileged view of one LIBERO env (the BDDL env inside ``OffScreenRenderEnv``).
 
@@ -70,6 +87,10 @@ class PrivilegedScene:
         """``(position (3,), rotation matrix (3, 3))`` of the grip site, world frame."""
         site = self.robot.eef_site_id
         return self.data.site_xpos[site].copy(), self.data.site_xmat[site].reshape(3, 3).copy()
+
+    def base_position(self) -> np.ndarray:
+        """``(3,)`` world position of the robot's base (its root body)."""
+        return self.env.sim.data.get_body_xpos(self.robot.robot_model.root_body).copy()
 
     def finger_opening(self) -> float:
         """Distance between the two finger joints in metres (about 0.08 open, 0 closed)."""
@@ -171,6 +192,63 @@ class PrivilegedScene:
         low, high = position - half, position + half
         low[2] -= 0.01
         return RegionBox(low=low, high=high)
+
+    # --- articulated fixtures -----------------------------------------------------------------
+    def is_open(self, region: str) -> bool:
+        """LIBERO's ``Open`` of a fixture region (a drawer past its open threshold)."""
+        return bool(self.env.object_states_dict[region].is_open())
+
+    def is_turned_on(self, obj: str) -> bool:
+        """LIBERO's ``Turnon`` of a fixture (a stove's knob past its on threshold)."""
+        return bool(self.env.object_states_dict[obj].turn_on())
+
+    def region_joint(self, region: str) -> Joint:
+        """The joint that moves region ``region`` (a cabinet drawer's slide)."""
+        joints = self.env.object_sites_dict[region].joints
+        if not joints:
+            raise ValueError(f"region {region!r} has no joint (it is not a drawer)")
+        return self._joint(joints[0])
+
+    def object_joint(self, obj: str) -> Joint:
+        """The articulation joint of fixture ``obj`` (a stove's knob)."""
+        joints = self.env.get_object(obj).joints
+        if not joints:
+            raise ValueError(f"object {obj!r} has no joint (it has no knob)")
+        return self._joint(joints[0])
+
+    def open_close_qpos(self, region: str) -> tuple[float, float]:
+        """Middles of the fixture's ``default_open_ranges`` and ``default_close_ranges`` (a
+        wooden cabinet's drawer: -0.15 m and 0.0025 m)."""
+        parent = self.env.object_states_dict[region].parent_name
+        ranges = self.env.get_object(parent).object_properties["articulation"]
+        return (
+            float(np.mean(ranges["default_open_ranges"])),
+            float(np.mean(ranges["default_close_ranges"])),
+        )
+
+    def turn_on_qpos(self, obj: str) -> float:
+        """Lower end of the fixture's ``default_turnon_ranges`` (a flat stove: 0.5 rad)."""
+        ranges = self.env.get_object(obj).object_properties["articulation"]
+        return float(min(ranges["default_turnon_ranges"]))
+
+    def body_parts(self, body: int) -> list[np.ndarray]:
+        """World points ``(K, 3)`` of each colliding geom of body ``body`` (not its children)."""
+        model = self.model
+        return [
+            self._world_points(geom, self._geom_local_points(geom))
+            for geom in range(model.ngeom)
+            if model.geom_bodyid[geom] == body
+            and (model.geom_contype[geom] or model.geom_conaffinity[geom])
+        ]
+
+    def _joint(self, name: str) -> Joint:
+        joint = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        return Joint(
+            name=name,
+            qpos=float(self.data.qpos[self.model.jnt_qposadr[joint]]),
+            axis=self.data.xaxis[joint].copy(),
+            body=int(self.model.jnt_bodyid[joint]),
+        )
 
     def _collision_geoms(self, name: str) -> list[tuple[int, np.ndarray]]:
         """``(geom id, local points (K, 3))`` of the colliding geoms of object ``name``."""

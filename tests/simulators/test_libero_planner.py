@@ -1,9 +1,10 @@
 """The scripted LIBERO planner: goal parsing, grasp geometry, success, and the demo files.
 
-Goal parsing and grasp geometry run without LIBERO (hand-made BDDL text and point sets with
-hand-computed answers). The rest needs LIBERO (marked ``libero``): the planner's conventions
-against the real robot, three planner episodes without cameras (a flat box into the basket
-of libero_object, a bowl onto the plate of libero_spatial), one demo written at 32 px by
+Goal parsing and grasp / handle / knob geometry run without LIBERO (hand-made BDDL text and
+point sets with hand-computed answers). The rest needs LIBERO (marked ``libero``): the
+planner's conventions against the real robot, planner episodes without cameras (a flat box
+into the basket of libero_object, a bowl onto the plate of libero_spatial, and one per
+libero_goal skill: a drawer opened, a plate pushed, a stove turned on), one demo written at 32 px by
 ``embodied-rl demos`` and replayed open-loop in a fresh ``libero`` env from the same init
 state (it must succeed on its last action: the file is a real demo in the env's
 convention), and the command's refusals of bad input.
@@ -25,10 +26,14 @@ from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_
 from simulators.libero.demos_cli import TaskReport, summarise, write_report
 from simulators.libero.goals import (
     GoalAtom,
+    OpenDrawer,
     PickPlace,
+    Push,
+    TurnOn,
     UnsupportedGoalError,
+    goal_steps,
+    object_kind,
     parse_goal,
-    pick_place_steps,
     read_sexp,
 )
 from simulators.libero.grasp import (
@@ -42,6 +47,7 @@ from simulators.libero.grasp import (
     yaw_of,
 )
 from simulators.libero.planner import PlannerConfig, rotation_error
+from simulators.libero.skills import handle_grip, knob_grip_points, tilt_towards
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 requires_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO is not installed")
@@ -64,21 +70,21 @@ def test_goal_of_a_libero_object_task():
     assert parse_goal(OBJECT_GOAL) == (
         GoalAtom("in", ("alphabet_soup_1", "basket_1_contain_region")),
     )
-    assert pick_place_steps(parse_goal(OBJECT_GOAL)) == (
+    assert goal_steps(parse_goal(OBJECT_GOAL)) == (
         PickPlace("alphabet_soup_1", "in", "basket_1_contain_region"),
     )
 
 
 def test_goal_conjunctions_keep_their_order_and_unsupported_predicates_are_named():
     two = "(define (problem p) (:goal (and (On a_1 plate_1) (IN b_1 basket_1_contain_region))))"
-    assert pick_place_steps(parse_goal(two)) == (
+    assert goal_steps(parse_goal(two)) == (
         PickPlace("a_1", "on", "plate_1"),
         PickPlace("b_1", "in", "basket_1_contain_region"),
     )
-    drawer = "(define (problem p) (:goal (And (Open wooden_cabinet_1_middle_region))))"
-    assert parse_goal(drawer) == (GoalAtom("open", ("wooden_cabinet_1_middle_region",)),)
-    with pytest.raises(UnsupportedGoalError, match=r"\(open wooden_cabinet_1_middle_region\)"):
-        pick_place_steps(parse_goal(drawer))
+    drawer = "(define (problem p) (:goal (And (Close wooden_cabinet_1_middle_region))))"
+    assert parse_goal(drawer) == (GoalAtom("close", ("wooden_cabinet_1_middle_region",)),)
+    with pytest.raises(UnsupportedGoalError, match=r"\(close wooden_cabinet_1_middle_region\)"):
+        goal_steps(parse_goal(drawer))
     with pytest.raises(UnsupportedGoalError, match="'Or' is not supported"):
         parse_goal("(define (:goal (Or (On a b) (On b a))))")
     with pytest.raises(ValueError, match="no '\\(:goal"):
@@ -89,24 +95,76 @@ def test_goal_conjunctions_keep_their_order_and_unsupported_predicates_are_named
         read_sexp("(a))")
 
 
+def _goal(*atoms: str) -> tuple:
+    return goal_steps(parse_goal(f"(define (problem p) (:goal (And {' '.join(atoms)})))"))
+
+
+def test_goal_steps_of_drawers_plates_and_knobs():
+    top, middle = "wooden_cabinet_1_top_region", "white_cabinet_1_middle_region"
+    assert _goal(f"(Open {middle})") == (OpenDrawer(middle),)
+    # an In a drawer opens it first, once; an explicit Open before it is not repeated
+    assert _goal(f"(In bowl_1 {top})", f"(In cup_1 {top})") == (
+        OpenDrawer(top),
+        PickPlace("bowl_1", "in", top),
+        PickPlace("cup_1", "in", top),
+    )
+    assert _goal(f"(Open {top})", f"(In bowl_1 {top})") == (
+        OpenDrawer(top),
+        PickPlace("bowl_1", "in", top),
+    )
+    assert _goal("(In bowl_1 basket_1_contain_region)") == (
+        PickPlace("bowl_1", "in", "basket_1_contain_region"),
+    )
+    # a plate going to a table region is pushed; onto a plate or a plate onto a fixture's
+    # region is pick-and-place
+    assert _goal("(On plate_1 main_table_stove_front_region)") == (
+        Push("plate_1", "main_table_stove_front_region"),
+    )
+    assert _goal("(On bowl_1 plate_1)") == (PickPlace("bowl_1", "on", "plate_1"),)
+    assert _goal("(On plate_2 flat_stove_1_cook_region)") == (
+        PickPlace("plate_2", "on", "flat_stove_1_cook_region"),
+    )
+    assert _goal("(Turnon flat_stove_1)") == (TurnOn("flat_stove_1"),)
+    assert object_kind("plate_12") == "plate" and object_kind("plate") == "plate"
+    handled = r"handles \(In obj region\), \(On obj target\), \(Open <cabinet>_<top\|middle"
+    for goal in ("(Close wooden_cabinet_1_top_region)", "(Open microwave_1)", "(Turnoff s_1)"):
+        with pytest.raises(UnsupportedGoalError, match=handled):
+            _goal(goal)
+    with pytest.raises(UnsupportedGoalError, match=r"goal \(open microwave_1\) is not supported"):
+        _goal("(Open microwave_1)")
+
+
 @pytest.mark.libero
 @requires_libero
 def test_goals_of_the_installed_task_files():
     """Real BDDL files of four suites: libero_object and libero_spatial are one step each."""
     for task in suite_tasks("libero_object"):
-        (step,) = pick_place_steps(parse_goal(task.bddl_text))
+        (step,) = goal_steps(parse_goal(task.bddl_text))
         assert (step.relation, step.target) == ("in", "basket_1_contain_region")
         assert step.obj[: -len("_1")].replace("_", " ") in task.instruction  # "bbq sauce"
-    spatial = [pick_place_steps(parse_goal(t.bddl_text)) for t in suite_tasks("libero_spatial")]
+    spatial = [goal_steps(parse_goal(t.bddl_text)) for t in suite_tasks("libero_spatial")]
     assert spatial == [(PickPlace("akita_black_bowl_1", "on", "plate_1"),)] * 10
     ten = suite_tasks("libero_10")
     baskets = [t for t in ten if "both" in t.instruction and "basket" in t.instruction]
     assert len(baskets) == 3  # e.g. "put both the alphabet soup and the tomato sauce in ..."
     for task in baskets:
-        steps = pick_place_steps(parse_goal(task.bddl_text))
+        steps = goal_steps(parse_goal(task.bddl_text))
         assert [s.target for s in steps] == ["basket_1_contain_region"] * 2
-    goal0 = suite_tasks("libero_goal")[0]
-    assert parse_goal(goal0.bddl_text) == (GoalAtom("open", ("wooden_cabinet_1_middle_region",)),)
+    goal = {t.name: goal_steps(parse_goal(t.bddl_text)) for t in suite_tasks("libero_goal")}
+    top, bowl = "wooden_cabinet_1_top_region", "akita_black_bowl_1"
+    assert goal["open_the_middle_drawer_of_the_cabinet"] == (
+        OpenDrawer("wooden_cabinet_1_middle_region"),
+    )
+    assert goal["open_the_top_drawer_and_put_the_bowl_inside"] == (
+        OpenDrawer(top),
+        PickPlace(bowl, "in", top),
+    )
+    assert goal["push_the_plate_to_the_front_of_the_stove"] == (
+        Push("plate_1", "main_table_stove_front_region"),
+    )
+    assert goal["turn_on_the_stove"] == (TurnOn("flat_stove_1"),)
+    assert goal["put_the_bowl_on_the_plate"] == (PickPlace(bowl, "on", "plate_1"),)
+    assert sum(isinstance(steps[0], PickPlace) for steps in goal.values()) == 6
 
 
 # --- geometry -------------------------------------------------------------------------------
@@ -214,6 +272,35 @@ def test_a_bowl_is_taken_by_its_rim_from_the_near_free_side():
     np.testing.assert_allclose(detour.position, [-0.051, 0, 0.04], atol=1e-9)
 
 
+def test_a_handle_is_gripped_from_the_front_as_deep_as_the_fingers_fit():
+    """A 9 x 1.5 x 1.7 cm bar whose front faces +y, 1.6 cm in front of a drawer at y=0.084."""
+    bar = np.array([[x, y, z] for x in (-0.045, 0.045) for y in (0.1, 0.115) for z in (1.0, 1.017)])
+    outward = np.array([0.0, 1.0, 0.0])
+    position, rotation = handle_grip(bar, outward, down_rotation(0.0), 0.012, pitch=0.0)
+    # level hand: the pads (1.16 cm behind the site) reach the bar's front face
+    np.testing.assert_allclose(position, [0.0, 0.115 - 0.0116, 1.0085], atol=1e-9)
+    np.testing.assert_allclose(rotation[:, 2], -outward, atol=1e-12)  # pointing at the drawer
+    np.testing.assert_allclose(rotation[:, 0], [0, 0, 1], atol=1e-12)  # closing vertically
+    assert np.linalg.det(rotation) == pytest.approx(1.0)
+    # tilted 0.2 rad: the upper finger's outer edge (5.3 cm along the closing axis) swings
+    # towards the drawer, so the site stays out until the deepest point is 1.2 cm past the back
+    position, rotation = handle_grip(bar, outward, down_rotation(0.0), 0.012, pitch=0.2)
+    reach = 0.0092 * np.cos(0.2) + 0.053 * np.sin(0.2)
+    assert position[1] == pytest.approx(0.1 - 0.012 + reach) and position[1] - reach > 0.084
+    np.testing.assert_allclose(rotation[:, 2], [0, -np.cos(0.2), -np.sin(0.2)], atol=1e-12)
+    np.testing.assert_allclose(rotation.T @ rotation, np.eye(3), atol=1e-12)
+
+
+def test_knob_ridge_and_tilted_hand():
+    tabs = [_box((0.04, 0.0), (0.01, 0.03, 0.013)), _box((-0.04, 0.0), (0.01, 0.03, 0.013))]
+    ridge = _box((0.0, 0.0), (0.09, 0.025, 0.05))
+    np.testing.assert_array_equal(knob_grip_points([*tabs, ridge]), ridge)
+    # fingers closing along y; the base lies towards -x: the tips swing to -x, the hand to +x
+    tilted = tilt_towards(down_rotation(np.pi / 2), np.array([-1.0, 0.0]), 0.5)
+    np.testing.assert_allclose(tilted[:, 2], [-np.sin(0.5), 0, -np.cos(0.5)], atol=1e-12)
+    np.testing.assert_allclose(tilted[:, 0], down_rotation(np.pi / 2)[:, 0], atol=1e-12)
+
+
 # --- with LIBERO ----------------------------------------------------------------------------
 
 
@@ -270,7 +357,7 @@ def test_planner_puts_the_cream_cheese_in_the_basket(env, init):
     """A flat box: the grasp must go across its short side and keep the hand off the cans."""
     task = suite_tasks("libero_object")[1]
     assert task.name == "pick_up_the_cream_cheese_and_place_it_in_the_basket"
-    steps = pick_place_steps(parse_goal(task.bddl_text))
+    steps = goal_steps(parse_goal(task.bddl_text))
     result = run_episode(env, task, init, steps, PlannerConfig())
     assert result.success and result.failure is None, result.failure
     assert 40 < result.steps < 200
@@ -285,7 +372,7 @@ def test_planner_puts_a_bowl_on_the_plate():
     from simulators.libero import LiberoConfig, LiberoVectorEnv
 
     task = suite_tasks("libero_spatial")[0]
-    steps = pick_place_steps(parse_goal(task.bddl_text))
+    steps = goal_steps(parse_goal(task.bddl_text))
     vec = LiberoVectorEnv(LiberoConfig(suite="libero_spatial", cameras=(), render_size=0), 1)
     try:
         result = run_episode(vec, task, 0, steps, PlannerConfig())
@@ -293,6 +380,36 @@ def test_planner_puts_a_bowl_on_the_plate():
         vec.close()
     assert result.success, result.failure
     assert 40 < result.steps < 150
+
+
+@pytest.fixture(scope="module")
+def goal_env():
+    from simulators.libero import LiberoConfig, LiberoVectorEnv
+
+    vec = LiberoVectorEnv(LiberoConfig(suite="libero_goal", cameras=(), render_size=0), 1)
+    yield vec
+    vec.close()
+
+
+@pytest.mark.libero
+@requires_libero
+@pytest.mark.parametrize(
+    "name, skill, max_steps",
+    [
+        ("open_the_middle_drawer_of_the_cabinet", OpenDrawer, 120),  # handle grip and pull
+        ("push_the_plate_to_the_front_of_the_stove", Push, 110),  # fingers in the dish
+        ("turn_on_the_stove", TurnOn, 80),  # tilted grasp of the knob's ridge and a twist
+    ],
+)
+def test_planner_skills_of_libero_goal(goal_env, name, skill, max_steps):
+    """One episode per articulated / pushing skill from init state 0, ending in LIBERO's
+    own success test (``run_episode`` stops on it)."""
+    (task,) = [t for t in suite_tasks("libero_goal") if t.name == name]
+    steps = goal_steps(parse_goal(task.bddl_text))
+    assert [type(step) for step in steps] == [skill]
+    result = run_episode(goal_env, task, 0, steps, PlannerConfig())
+    assert result.success and result.failure is None, result.failure
+    assert 30 < result.steps < max_steps
 
 
 @pytest.mark.libero
@@ -339,7 +456,10 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
         (["--suite", "libero_nope"], "unknown LIBERO suite 'libero_nope'"),
         (["--tasks", "10"], r"task id\(s\) \[10\] out of range.*Fix: use ids 0..9"),
         (["--init-states", "50"], r"init state id\(s\) \[50\] out of range.*0..49"),
-        (["--suite", "libero_goal", "--tasks", "0"], "no selected task.*pick-and-place"),
+        (
+            ["--suite", "libero_10", "--tasks", "3"],
+            r"no selected task of libero_10 has a goal the planner handles \(goal \(close ",
+        ),
         (["--image-size", "0"], "--image-size 0 must be >= 1"),
     ],
 )
