@@ -304,13 +304,18 @@ def test_knob_ridge_and_tilted_hand():
 # --- with LIBERO ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def env():
+def _one_env(suite: str):
+    """One camera-less env of ``suite`` for a module's tests, closed after them."""
     from simulators.libero import LiberoConfig, LiberoVectorEnv
 
-    vec = LiberoVectorEnv(LiberoConfig(suite="libero_object", cameras=(), render_size=0), 1)
+    vec = LiberoVectorEnv(LiberoConfig(suite=suite, cameras=(), render_size=0), 1)
     yield vec
     vec.close()
+
+
+@pytest.fixture(scope="module")
+def env():
+    yield from _one_env("libero_object")
 
 
 @pytest.mark.libero
@@ -384,11 +389,7 @@ def test_planner_puts_a_bowl_on_the_plate():
 
 @pytest.fixture(scope="module")
 def goal_env():
-    from simulators.libero import LiberoConfig, LiberoVectorEnv
-
-    vec = LiberoVectorEnv(LiberoConfig(suite="libero_goal", cameras=(), render_size=0), 1)
-    yield vec
-    vec.close()
+    yield from _one_env("libero_goal")
 
 
 @pytest.mark.libero
