@@ -389,13 +389,17 @@ class ScriptedPlanner(SkillPhases):
     def _waypoint_descend(self) -> Waypoint:
         """The approach's grasp, moved as far as the object has moved since (xy)."""
         s = self._s
-        moved = self.scene.object_position(self.steps[s.step].obj) - s.grasped_from
+        moved = self.scene.object_position(self._step.obj) - s.grasped_from
         position = s.grasp.position + np.array([moved[0], moved[1], 0.0])
         return Waypoint(position, s.grasp.yaw, OPEN, self._hand(s.grasp.yaw))
 
-    def _waypoint_close(self) -> Waypoint:
+    def _stay(self, gripper: float) -> Waypoint:
+        """The current waypoint's pose with another gripper command (close, grip, release)."""
         waypoint = self._s.waypoint
-        return Waypoint(waypoint.position.copy(), waypoint.yaw, CLOSE, waypoint.rotation)
+        return Waypoint(waypoint.position.copy(), waypoint.yaw, gripper, waypoint.rotation)
+
+    def _waypoint_close(self) -> Waypoint:
+        return self._stay(CLOSE)
 
     _waypoint_grip = _waypoint_close
 
@@ -419,22 +423,20 @@ class ScriptedPlanner(SkillPhases):
         return Waypoint(np.array([*target, self._place_height()]), self._s.waypoint.yaw, CLOSE)
 
     def _waypoint_release(self) -> Waypoint:
-        waypoint = self._s.waypoint
-        return Waypoint(waypoint.position.copy(), waypoint.yaw, OPEN, waypoint.rotation)
+        return self._stay(OPEN)
 
     def _waypoint_retreat(self) -> Waypoint:
+        """Open, ``approach_height`` straight up from where the eef is (also after a failed
+        grasp, ``reopen``, and after a push, ``push_up``)."""
         position, _ = self.scene.eef_pose()
         up = position + np.array([0.0, 0.0, self.config.approach_height])
         return Waypoint(up, self._s.waypoint.yaw, OPEN)
+
+    _waypoint_reopen = _waypoint_push_up = _waypoint_retreat
 
     def _waypoint_settle(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
         return Waypoint(position, self._s.waypoint.yaw, OPEN, self._s.waypoint.rotation)
-
-    def _waypoint_reopen(self) -> Waypoint:
-        position, _ = self.scene.eef_pose()
-        up = position + np.array([0.0, 0.0, self.config.approach_height])
-        return Waypoint(up, self._s.waypoint.yaw, OPEN)
 
     def _others(self, obj: str) -> list[np.ndarray]:
         """World points of every movable object but ``obj`` (the obstacles)."""

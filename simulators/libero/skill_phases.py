@@ -152,11 +152,6 @@ class SkillPhases:
         waypoint = self._s.waypoint
         return Waypoint(np.array([*target, waypoint.position[2]]), waypoint.yaw, CLOSE)
 
-    def _waypoint_push_up(self) -> Waypoint:
-        position, _ = self.scene.eef_pose()
-        up = position + np.array([0.0, 0.0, self.config.approach_height])
-        return Waypoint(up, self._s.waypoint.yaw, OPEN)
-
     def _drawer(self) -> tuple[np.ndarray, np.ndarray, float]:
         """``(handle points (K, 3), outward (3,), pull distance)`` of the step's drawer: the
         direction in which it opens and how far it must still move (past the middle of the
@@ -194,11 +189,10 @@ class SkillPhases:
     def _waypoint_handle_front(self) -> Waypoint:
         """The hand turned for the handle (nearly horizontal), ``handle_standoff`` in front
         of the handle grip, open."""
-        c = self.config
-        handle, outward, _ = self._drawer()
-        _, rotation = self.scene.eef_pose()
-        grip, turned = handle_grip(handle, outward, rotation, c.tip_clearance, c.handle_pitch)
-        return Waypoint(grip + outward * c.handle_standoff, 0.0, OPEN, turned)
+        _, outward, _ = self._drawer()
+        grip = self._waypoint_handle_in()
+        grip.position = grip.position + outward * self.config.handle_standoff
+        return grip
 
     def _waypoint_handle_in(self) -> Waypoint:
         """In to the bar, the pads over its depth (the finger tips short of the drawer front)."""
