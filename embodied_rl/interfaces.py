@@ -103,6 +103,20 @@ class DemonstrationPolicy(EmbodiedPolicy, Protocol):
 
 
 @runtime_checkable
+class BinnedActionPolicy(DemonstrationPolicy, Protocol):
+    """A demonstration policy whose discrete head scores ordered action bins (OpenVLA and
+    OpenVLA-OFT tokens, the MLP's bins): behaviour cloning can then smooth its targets over
+    neighbouring bins (``sft.train``'s ``target_sigma_bins``)."""
+
+    def bin_logprobs(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-softmax at temperature 1 over the action bins of every stored output
+        (B, T * K, bins) and the stored outputs' bin positions (B, T * K) int64, step-major,
+        0 on masked steps; neighbouring positions are neighbouring action values. Reads what
+        ``evaluate`` reads; a head without bins raises ``ValueError``."""
+        ...
+
+
+@runtime_checkable
 class FlowMatchingPolicy(DemonstrationPolicy, Protocol):
     """A demonstration policy that generates actions by integrating a learned velocity field
     (``policies/flow_vla``): behaviour cloning regresses the velocity instead of a mean."""

@@ -23,13 +23,14 @@ from embodied_rl import keys as K
 from embodied_rl.algorithms.bc import (
     flow_matching_regression,
     l1_regression,
+    smoothed_token_cross_entropy,
     token_accuracy,
     token_cross_entropy,
 )
 from embodied_rl.algorithms.losses import GlobalCounts
 from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
-from embodied_rl.interfaces import FlowMatchingPolicy
+from embodied_rl.interfaces import BinnedActionPolicy, FlowMatchingPolicy
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.training.guard import (
     check_max_bad_steps,
@@ -48,15 +49,20 @@ class SFTTrainConfig:
         micro_batch_size: rows per forward/backward (gradient accumulation; no effect on math).
         max_bad_steps: stop after this many consecutive steps with a skipped (non-finite)
             update; 0 never stops.
+        target_sigma_bins: discrete heads only: > 0 trains against a discretised Gaussian
+            of this standard deviation (in action bins) around each demonstrated bin instead
+            of the bin alone (``algorithms/bc.py``); 0 is the plain token cross-entropy.
     """
 
     model: str = "actor"
     micro_batch_size: int = 16
     max_bad_steps: int = 3
+    target_sigma_bins: float = 0.0
 
     def __post_init__(self) -> None:
         check_max_bad_steps(self.max_bad_steps)
         check_range("micro_batch_size", self.micro_batch_size, 1)
+        check_range("target_sigma_bins", self.target_sigma_bins, 0.0)
 
 
 @register_node(
@@ -77,6 +83,12 @@ def sft_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     policy = ctx.models[cfg.model]
     policy.train()
     key, targets = policy.action_targets(batch[K.ACTIONS])
+    if cfg.target_sigma_bins > 0 and key != K.ACTION_TOKENS:
+        raise ValueError(
+            f"target_sigma_bins={cfg.target_sigma_bins} smooths discrete action bins, but this "
+            f"{type(policy).__name__} regresses continuous actions ({key}); set "
+            "algorithm.sft.target_sigma_bins=0 or use a discrete head"
+        )
     width = batch[K.RESPONSE_MASK].shape[-1]
     if targets.shape[-1] != width:
         raise ValueError(
@@ -92,6 +104,28 @@ def sft_train_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     return batch
 
 
+def _token_loss(
+    policy: torch.nn.Module,
+    micro: TensorDict,
+    mask: torch.Tensor,
+    counts: GlobalCounts,
+    sigma: float,
+) -> torch.Tensor:
+    """The token cross-entropy of a discrete head: against the demonstrated tokens, or
+    (``sigma`` > 0) against Gaussians of ``sigma`` bins around them."""
+    if sigma == 0:
+        logprobs, _ = policy.evaluate(micro, 1.0)
+        return token_cross_entropy(logprobs, mask.to(logprobs.device), counts)
+    if not isinstance(policy, BinnedActionPolicy):
+        raise ValueError(
+            f"target_sigma_bins={sigma} needs a policy with ordered action bins (openvla, "
+            f"openvla_oft with discrete tokens, mlp with head: discrete); "
+            f"{type(policy).__name__} has none: set algorithm.sft.target_sigma_bins=0"
+        )
+    logprobs, index = policy.bin_logprobs(micro)
+    return smoothed_token_cross_entropy(logprobs, index, sigma, mask.to(logprobs.device), counts)
+
+
 def _bc_loss(
     ctx: NodeContext,
     policy: torch.nn.Module,
@@ -100,6 +134,7 @@ def _bc_loss(
     counts: GlobalCounts,
 ) -> torch.Tensor:
     """This micro-batch's share of the batch's behaviour-cloning loss; logs its metric shares."""
+    sigma = ctx.node_config.target_sigma_bins
     mask = micro[K.RESPONSE_MASK].float()
     target = micro[key].reshape(len(mask), -1)
     if isinstance(policy, FlowMatchingPolicy):  # flow head: the velocity regression
@@ -111,9 +146,8 @@ def _bc_loss(
         loss = l1_regression(mean, target.to(mean.device), mask.to(mean.device), counts)
         metrics = {"sft/loss": loss.detach(), "sft/l1": loss.detach()}
     else:  # discrete head: -log p of the demonstrated tokens at temperature 1
-        logprobs, _ = policy.evaluate(micro, 1.0)
-        mask = mask.to(logprobs.device)
-        loss = token_cross_entropy(logprobs, mask, counts)
+        loss = _token_loss(policy, micro, mask, counts, sigma)
+        mask = mask.to(loss.device)
         with torch.no_grad():
             mode = policy.action_mode(micro)
         accuracy = token_accuracy(mode, target.to(mode.device), mask, counts)

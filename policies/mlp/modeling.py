@@ -168,6 +168,24 @@ class MLPPolicy(nn.Module):
         keep = mask.to(self.device).unsqueeze(-1)
         return (logprobs * keep).reshape(b, -1), (entropy * keep).reshape(b, -1)
 
+    def bin_logprobs(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-softmax (B, T*K, bins) at temperature 1 and the stored ACTION_TOKENS bin ids
+        (B, T*K), 0 on masked steps (:class:`embodied_rl.interfaces.BinnedActionPolicy`)."""
+        if self.config.head != "discrete":
+            raise ValueError(
+                "the mlp policy's Gaussian head has no action bins; bin-smoothed targets need "
+                "head: discrete"
+            )
+        features, mask = step_features(self, batch)
+        b, t = mask.shape
+        logprobs = self._distribution(features, 1.0).logits  # normalised: (b * t, K, bins)
+        taken = batch[K.ACTION_TOKENS].reshape(b * t, -1).to(self.device).long()
+        keep = mask.to(self.device).reshape(b * t, 1)
+        return (
+            (logprobs * keep.unsqueeze(-1)).reshape(b, -1, self.config.num_bins),
+            (taken * keep.long()).reshape(b, -1),
+        )
+
     def action_mode(self, batch: TensorDict) -> torch.Tensor:
         """Most likely output of every step (B, T*K), 0 on masked steps: the Gaussian mean
         (normalised units, differentiable) or the most likely bin id (float)."""

@@ -106,14 +106,14 @@ class OpenVLAPolicy(VLAPolicyBase):
             )
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1).float()
 
-    def _teacher_forced_logits(
+    def bin_logits_steps(
         self,
         images: torch.Tensor,
         instructions: Sequence[str],
         states: torch.Tensor | None,
         tokens: torch.Tensor,
     ) -> torch.Tensor:
-        """Action logits (n, 7, 256) of each position given the stored tokens before it."""
+        """Action logits (n, 7, 256) of each position given the stored tokens (n, 7) before it."""
         # a_6 is never an input: the 7 positions ending at a_5 predict a_0 .. a_6.
         suffix = self.vla.embed_tokens(tokens[:, :-1])
         embeds, mask, positions = self.build_sequence(images, instructions, states, suffix)
@@ -131,7 +131,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         """Teacher-forced log-probs and entropies (n, 7) of action tokens ``targets`` (n, 7)."""
         tokens = targets.to(self.device).long()
         index = self.vla.action_tokenizer.token_to_index(tokens)
-        logits = self._teacher_forced_logits(images, instructions, states, tokens)
+        logits = self.bin_logits_steps(images, instructions, states, tokens)
         return categorical_scores(logits, index, temperature)
 
     def mode_steps(
@@ -145,7 +145,7 @@ class OpenVLAPolicy(VLAPolicyBase):
         if targets is None:
             raise ValueError("openvla action_mode is teacher-forced: the batch needs ACTION_TOKENS")
         tokens = targets.to(self.device).long()
-        logits = self._teacher_forced_logits(images, instructions, states, tokens)
+        logits = self.bin_logits_steps(images, instructions, states, tokens)
         return self.vla.action_tokenizer.index_to_token(logits.argmax(-1))
 
     @classmethod

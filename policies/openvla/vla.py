@@ -354,6 +354,17 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         """Log-probs and entropies (n, K) of stored ``targets`` (n, K) for n observations."""
 
     @abc.abstractmethod
+    def bin_logits_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        tokens: torch.Tensor,
+    ) -> torch.Tensor:
+        """float32 action logits (n, K, 256) of n observations whose stored action token ids
+        are ``tokens`` (n, K) (autoregressive decoding is teacher-forced on them)."""
+
+    @abc.abstractmethod
     def mode_steps(
         self,
         images: torch.Tensor,
@@ -427,6 +438,27 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         logprobs_full = steps.scatter(logprobs, k, self.device).reshape(b, t * k)
         entropy_full = steps.scatter(entropies, k, self.device).reshape(b, t * k)
         return logprobs_full, entropy_full
+
+    def bin_logprobs(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-softmax (B, T * K, 256) at temperature 1 over the action bins of every stored
+        ACTION_TOKENS entry and its bin position (B, T * K) int64, step-major, 0 on masked
+        steps (:class:`embodied_rl.interfaces.BinnedActionPolicy`). Positions run opposite to
+        action values (OpenVLA's tokenizer) but stay ordered, which is all smoothing needs."""
+        b, t = batch[K.STEP_MASK].shape
+        k, bins = self.tokens_per_step, self.vla.action_tokenizer.n_bins
+        targets = self._stored_targets(batch)
+        logprobs, positions = [], []
+        steps = StepInputs.from_batch(batch)
+        for rows, images, instructions, states in steps.micro_batches(
+            self.options.micro_batch_size
+        ):
+            tokens = targets[rows.to(targets.device)].to(self.device).long()
+            logits = self.bin_logits_steps(images, instructions, states, tokens)
+            logprobs.append(torch.log_softmax(logits, dim=-1).reshape(len(tokens), k * bins))
+            positions.append(self.vla.action_tokenizer.token_to_index(tokens))
+        logprobs_full = steps.scatter(logprobs, k * bins, self.device).reshape(b, t * k, bins)
+        positions_full = steps.scatter(positions, k, self.device).reshape(b, t * k).long()
+        return logprobs_full, positions_full
 
     def observation_values(
         self,

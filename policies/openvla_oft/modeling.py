@@ -246,13 +246,29 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         temperature: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (n, K) of stored tokens or raw actions ``targets`` (n, K)."""
-        hidden = self.action_hidden(images, instructions, states)
         if self.action_head is None:
             index = self.vla.action_tokenizer.token_to_index(targets.to(self.device))
-            return categorical_scores(self.vla.action_logits(hidden), index, temperature)
-        mean, std = self.gaussian(hidden, temperature)
+            logits = self.bin_logits_steps(images, instructions, states, targets)
+            return categorical_scores(logits, index, temperature)
+        mean, std = self.gaussian(self.action_hidden(images, instructions, states), temperature)
         dist = torch.distributions.Normal(mean, std)
         return dist.log_prob(targets.to(mean.device).float()), dist.entropy()
+
+    def bin_logits_steps(
+        self,
+        images: torch.Tensor,
+        instructions: Sequence[str],
+        states: torch.Tensor | None,
+        tokens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Action logits (n, K, 256) of the K parallel slots (decoding does not read the
+        stored ``tokens``); the continuous head has no bins and raises."""
+        if self.action_head is not None:
+            raise ValueError(
+                "the OpenVLA-OFT continuous head regresses actions and has no action bins; "
+                "bin-smoothed targets need action_head: false (discrete tokens)"
+            )
+        return self.vla.action_logits(self.action_hidden(images, instructions, states))
 
     def mode_steps(
         self,
@@ -262,10 +278,9 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         targets: torch.Tensor | None,
     ) -> torch.Tensor:
         """The continuous head's mean (n, K) (differentiable), or the argmax token ids (n, K)."""
-        hidden = self.action_hidden(images, instructions, states)
         if self.action_head is not None:
-            return self.gaussian(hidden, 1.0)[0]
-        index = self.vla.action_logits(hidden).argmax(-1)
+            return self.gaussian(self.action_hidden(images, instructions, states), 1.0)[0]
+        index = self.bin_logits_steps(images, instructions, states, targets).argmax(-1)
         return self.vla.action_tokenizer.index_to_token(index)
 
     @classmethod

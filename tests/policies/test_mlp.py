@@ -13,6 +13,7 @@ from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
 from policies.mlp import build_mlp_policy
 from policies.mlp.modeling import gaussian_entropy
+from tests.policies.bins import check_bin_logprobs
 
 CPU = torch.device("cpu")
 
@@ -154,6 +155,23 @@ def test_chunk_act_and_evaluate_agree(head):
     ).view(4, 3, 7)
     assert np.allclose(out.actions[..., :6], (normalized[..., :6] + 1).numpy() - 0.5, atol=1e-6)
     assert np.array_equal(out.actions[..., 6], -np.sign(2 * normalized[..., 6].numpy() - 1))
+
+
+def test_discrete_bin_logprobs_and_the_gaussian_head_has_none():
+    policy = build_mlp_policy({**LIBERO, "head": "discrete", "num_bins": 9}, CPU)
+    rng = np.random.default_rng(2)
+    states = rng.uniform(0, 2, (4, 8)).astype(np.float32)
+    images = rng.integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    tokens = torch.as_tensor(rng.integers(0, 9, (4, 21)))
+    instructions = ["open the drawer", "pick the bowl"]
+    batch = _libero_batch(states, images, instructions, tokens, K.ACTION_TOKENS, [[1, 1], [1, 0]])
+    check_bin_logprobs(policy, batch, 9)
+    gaussian = build_mlp_policy({**LIBERO, "head": "gaussian"}, CPU)
+    raw = _libero_batch(
+        states, images, instructions, torch.zeros(4, 21), K.RAW_ACTIONS, [[1, 1]] * 2
+    )
+    with pytest.raises(ValueError, match="Gaussian head has no action bins.*head: discrete"):
+        gaussian.bin_logprobs(raw)
 
 
 def test_instruction_conditioning_is_a_deterministic_hashed_bag_of_words():

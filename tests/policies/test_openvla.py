@@ -24,6 +24,7 @@ from policies.openvla import OpenVLAPolicy, build_openvla, save_checkpoint
 from policies.openvla.loading import from_published_name, load_weights, to_published_name
 from policies.openvla.vision import center_crop_resize, images_to_float
 from policies.openvla.vla import PROMPT, PrismaticVLA, _cache_argument
+from tests.policies.bins import check_bin_logprobs
 
 CPU = torch.device("cpu")
 INSTRUCTIONS = ["Pick up the black bowl and place it on the plate", "open the drawer"]
@@ -130,6 +131,14 @@ def test_evaluate_reproduces_act_logprobs(policy: OpenVLAPolicy) -> None:
     assert bool((steps[:, 2] == 0).all()) and bool((entropy.reshape(2, 3, 7)[:, 2] == 0).all())
     other = policy.evaluate(trajectories(obs, out.tokens, INSTRUCTIONS), 1.0)[0].reshape(2, 3, 7)
     assert not torch.allclose(other[:, :2], steps[:, :2], atol=1e-3)  # temperature matters
+
+
+def test_bin_logprobs_are_teacher_forced_evaluate_before_the_gather(policy: OpenVLAPolicy) -> None:
+    obs = images(4, 3)
+    prompts = [INSTRUCTIONS[0], INSTRUCTIONS[0], INSTRUCTIONS[1], INSTRUCTIONS[1]]
+    torch.manual_seed(3)
+    out = policy.act(obs, prompts, None, temperature=1.0, do_sample=True)
+    check_bin_logprobs(policy, trajectories(obs, out.tokens, INSTRUCTIONS), 256)
 
 
 def test_entropy_and_logprobs_match_full_lm_logits(policy: OpenVLAPolicy) -> None:

@@ -20,6 +20,7 @@ from embodied_rl.registry import POLICIES
 from policies.openvla.loading import load_weights
 from policies.openvla.vision import center_crop_resize, images_to_float
 from policies.openvla_oft import OpenVLAOFTPolicy, build_openvla_oft
+from tests.policies.bins import check_bin_logprobs
 
 CPU = torch.device("cpu")
 INSTRUCTIONS = [
@@ -118,6 +119,18 @@ def test_evaluate_reproduces_act_logprobs(discrete: OpenVLAOFTPolicy) -> None:
     assert torch.allclose(steps[:, :2].reshape(4, 56), out.logprobs, atol=1e-5)
     assert bool((steps[:, 2] == 0).all()) and bool((entropy.reshape(2, 3, 56)[:, 2] == 0).all())
     assert bool((entropy.reshape(2, 3, 56)[:, :2] > 0).all())
+
+
+def test_bin_logprobs_are_evaluate_before_the_gather(
+    discrete: OpenVLAOFTPolicy, continuous: OpenVLAOFTPolicy
+) -> None:
+    obs = images(4, 2)
+    torch.manual_seed(2)
+    out = discrete.act(obs, prompts(), None, temperature=1.0, do_sample=True)
+    check_bin_logprobs(discrete, trajectories(obs, states(4, 0), K.ACTION_TOKENS, out.tokens), 256)
+    raw = torch.zeros(4, continuous.tokens_per_step)
+    with pytest.raises(ValueError, match="continuous head .* no action bins.*action_head: false"):
+        continuous.bin_logprobs(trajectories(obs, states(4, 0), K.RAW_ACTIONS, raw))
 
 
 def test_logits_read_before_each_action_slot(discrete: OpenVLAOFTPolicy) -> None:

@@ -9,6 +9,7 @@ weights must equal the single-rank run, for micro-batches of 1 and 4 rows.
 
 from __future__ import annotations
 
+import math
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from embodied_rl.algorithms.bc import l1_regression, token_accuracy, token_cross_entropy
+from embodied_rl.algorithms.bc import (
+    gaussian_bin_targets,
+    l1_regression,
+    smoothed_token_cross_entropy,
+    token_accuracy,
+    token_cross_entropy,
+)
 from embodied_rl.algorithms.losses import GlobalCounts
 from tests.embodied_rl.synthetic_demos import write_synthetic_demos
 
@@ -35,6 +42,44 @@ def test_token_cross_entropy_by_hand():
         for i in range(2)
     ]
     assert sum(h.item() for h in halves) == pytest.approx(loss.item())
+
+
+def _normal_mass(low: float, high: float, mean: float, sigma: float) -> float:
+    def cdf(x: float) -> float:
+        return 0.5 * (1 + math.erf((x - mean) / (sigma * math.sqrt(2))))
+
+    return cdf(high) - cdf(low)
+
+
+def test_gaussian_bin_targets_by_hand():
+    targets = gaussian_bin_targets(torch.tensor([2, 0]), num_bins=5, sigma=1.0)
+    # Bin j holds N(index, 1) on [j - 0.5, j + 0.5), renormalised over the 5 bins.
+    for row, centre in enumerate((2, 0)):
+        mass = [_normal_mass(j - 0.5, j + 0.5, centre, 1.0) for j in range(5)]
+        expected = torch.tensor(mass) / sum(mass)
+        assert torch.allclose(targets[row], expected, atol=1e-6)
+    assert targets[0, 2] == pytest.approx(0.3829 / _normal_mass(-0.5, 4.5, 2, 1.0), abs=1e-4)
+    assert targets[0, 1] == pytest.approx(targets[0, 3].item())  # symmetric inside the range
+    assert int(targets[1].argmax()) == 0  # an edge target keeps its mode on the edge
+    assert torch.equal(gaussian_bin_targets(torch.tensor([3]), 5, 1e-3)[0].round(), torch.eye(5)[3])
+
+
+def test_smoothed_cross_entropy_by_hand_and_its_small_sigma_limit():
+    logits = torch.tensor([[[0.0, 1.0, 2.0], [2.0, 0.0, -1.0]], [[1.0, 1.0, 1.0], [0.0, 0.0, 5.0]]])
+    bin_logprobs = torch.log_softmax(logits, dim=-1)
+    index = torch.tensor([[1, 0], [2, 2]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    counts = GlobalCounts(tokens=3.0, sequences=2.0)
+    loss = smoothed_token_cross_entropy(bin_logprobs, index, 0.7, mask, counts)
+    q = gaussian_bin_targets(index, 3, 0.7)
+    by_hand = -sum((q[b, r] * bin_logprobs[b, r]).sum() for b, r in ((0, 0), (0, 1), (1, 0))) / 3
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-6)
+    # sigma -> 0 is the plain token cross-entropy of the demonstrated bins.
+    chosen = bin_logprobs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    plain = token_cross_entropy(chosen, mask, counts)
+    limit = smoothed_token_cross_entropy(bin_logprobs, index, 1e-3, mask, counts)
+    assert limit.item() == pytest.approx(plain.item(), rel=1e-5)
+    assert loss.item() > plain.item()  # the spread targets also ask for mass on the neighbours
 
 
 def test_l1_regression_by_hand_and_its_gradient():
@@ -64,9 +109,11 @@ POLICIES = {
         {"action_dim": 7, "chunk": 2, "head": "discrete", "instruction_buckets": 16},
     ),
     "oft_discrete": ("openvla_oft", {"chunk": 2, "micro_batch_size": 3}),
+    "oft_discrete_smoothed": ("openvla_oft", {"chunk": 2, "micro_batch_size": 3}),
 }
 for _, options in POLICIES.values():
     options["gripper_convention"] = "libero"
+TARGET_SIGMA_BINS = {"oft_discrete_smoothed": 3.0}  # sft.train option per variant (default 0)
 MICRO_BATCH_SIZES = (1, 4)
 
 
@@ -76,12 +123,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _context(store, rank: int, world_size: int, micro: int):
+def _context(store, rank: int, world_size: int, micro: int, sigma: float = 0.0):
     from embodied_rl.data.layout import Layout
     from embodied_rl.registry import NODE_TYPES
     from embodied_rl.runtime.context import MetricSink, NodeContext
 
-    config = {"model": "actor", "micro_batch_size": micro}
+    config = {"model": "actor", "micro_batch_size": micro, "target_sigma_bins": sigma}
     return NodeContext(
         cfg=None,
         node_id="sft",
@@ -131,7 +178,7 @@ def _worker(rank: int, world_size: int, port: int, demo_dir: str, out_dir: str) 
         for micro in MICRO_BATCH_SIZES:
             model.load_state_dict(initial)
             store._optimizers.clear()  # a fresh Adam for each variant
-            ctx = _context(store, rank, world_size, micro)
+            ctx = _context(store, rank, world_size, micro, TARGET_SIGMA_BINS.get(name, 0.0))
             NODE_TYPES.get("sft.train").fn(ctx, batch[rank * rows : (rank + 1) * rows].clone())
             results[(name, micro)] = {
                 "params": {
@@ -199,3 +246,35 @@ def test_sft_train_is_invariant_to_dp_size_and_micro_batches(runs, name):
                     assert (weight - ref_weight).abs().max().item() <= 2e-4, (
                         f"{what}, {rank=}, {param}"
                     )
+
+
+def test_smoothed_targets_change_the_loss_and_the_update(runs):
+    plain, smoothed = (runs[1][0][(name, 4)] for name in ("oft_discrete", "oft_discrete_smoothed"))
+    loss = {
+        name: _reduced([r["metrics"]])["sft/loss"] for name, r in (("p", plain), ("s", smoothed))
+    }
+    assert loss["s"] != pytest.approx(loss["p"], rel=1e-4)
+    head = next(n for n in plain["params"] if "lm_head" in n or "embed_tokens" in n)
+    assert not torch.allclose(plain["params"][head][1], smoothed["params"][head][1])
+
+
+def test_target_sigma_is_refused_for_a_continuous_head(tmp_path):
+    import policies  # noqa: F401  registers the policies
+    from embodied_rl.data.demo_loader import DemoLoader, select_demos
+    from embodied_rl.nodes import sft  # noqa: F401  registers sft.train
+    from embodied_rl.registry import NODE_TYPES
+    from embodied_rl.runtime.models import ModelStore
+
+    infos = select_demos([write_synthetic_demos(tmp_path, length=6)], None, heldout_every=5)
+    loader = DemoLoader(
+        infos, chunk=2, cameras=["agentview"], image_size=16, global_batch_size=4,
+        dp_rank=0, dp_size=1, seed=3,
+    )  # fmt: skip
+    policy, options = POLICIES["mlp_gaussian"]
+    store = ModelStore({"actor": {"policy": policy, "options": options}}, torch.device("cpu"))
+    store["actor"].set_statistics(loader.statistics)
+    ctx = _context(store, 0, 1, 4, sigma=2.0)
+    with pytest.raises(ValueError, match=r"target_sigma_bins=2.0 .* regresses continuous actions"):
+        NODE_TYPES.get("sft.train").fn(ctx, loader.next_batch())
+    with pytest.raises(ValueError, match="target_sigma_bins"):
+        NODE_TYPES.get("sft.train").build_config({"target_sigma_bins": -1.0})
