@@ -128,6 +128,12 @@ def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also run every init state of each task without cameras; write report.json/.md",
     )
+    cmd.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --report: keep the tasks that --out's report.json already holds (a "
+        "stopped run goes on where it stopped) and run only the others",
+    )
     cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     cmd.add_argument(
         "--overwrite",
@@ -152,6 +158,7 @@ def _run_demos(args: argparse.Namespace) -> int:
             out=args.out,
             image_size=args.image_size,
             report=args.report,
+            resume=args.resume,
             progress=not args.no_progress,
             overwrite=args.overwrite,
         )

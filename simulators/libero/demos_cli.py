@@ -129,6 +129,32 @@ def write_report(out: Path, suite: str, reports: Sequence[TaskReport]) -> tuple[
     return json_path, md_path
 
 
+def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[int, TaskReport]:
+    """The task reports a stopped ``--report`` run left in ``out/report.json`` (``--resume``).
+
+    Only tasks that ran on every official init state are kept; a report of another suite is
+    refused rather than mixed in.
+    """
+    path = out / "report.json"
+    if not path.exists():
+        return {}
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if payload.get("suite") != suite:
+        raise ConfigError(
+            f"--resume: {path} is a report of {payload.get('suite')!r}, not {suite!r}",
+            "give the --out folder of the same suite's report, or drop --resume",
+        )
+    fields = {f for f in TaskReport.__dataclass_fields__}
+    kept = {}
+    for entry in payload["tasks"]:
+        report = TaskReport(**{k: v for k, v in entry.items() if k in fields})
+        report.failures = {int(k): v for k, v in report.failures.items()}
+        complete = report.episodes == infos[report.task_id].num_init_states
+        if report.unsupported is None and complete:
+            kept[report.task_id] = report
+    return kept
+
+
 def _goal_steps(tasks: Sequence[TaskInfo]) -> dict[int, tuple[Step, ...] | str]:
     """Each task's skill steps, or the reason its goal is unsupported."""
     goals: dict[int, tuple[Step, ...] | str] = {}
@@ -154,6 +180,7 @@ def demos_command(
     out: str | Path,
     image_size: int = 128,
     report: bool = False,
+    resume: bool = False,
     progress: bool = True,
     config: PlannerConfig | None = None,
     overwrite: bool = False,
@@ -167,6 +194,8 @@ def demos_command(
         image_size: side of both cameras' frames in the demos.
         report: also run every init state of each task without cameras and write the
             success report.
+        resume: with ``report``: tasks already complete in ``out/report.json`` are kept,
+            not run again (see :func:`finished_reports`).
         overwrite: replace demo files that exist in ``out`` (otherwise they are refused
             before any episode runs).
 
@@ -196,8 +225,13 @@ def demos_command(
     demo_ids = {t.task_id: _resolve(init_states, t.num_init_states) for t in runnable}
     if not overwrite:
         check_no_demo_files(out, [t for t in runnable if demo_ids[t.task_id]])
+    if resume and not report:
+        raise ConfigError("--resume continues a --report run", "add --report, or drop --resume")
+    done = finished_reports(out, suite, infos) if resume else {}
+    if done:
+        tqdm.write(f"resuming: tasks {sorted(done)} are in {out / 'report.json'} already")
     total = sum(len(ids) for ids in demo_ids.values())
-    total += sum(t.num_init_states for t in runnable) if report else 0
+    total += sum(t.num_init_states for t in runnable if t.task_id not in done) if report else 0
     reports = []
     with tqdm(total=total, desc=f"{suite} episodes", disable=not progress) as bar:
         for task in selected:
@@ -219,7 +253,9 @@ def demos_command(
                     overwrite,
                 )
                 tqdm.write(_demo_line(task, results, path))
-            if report:
+            if report and task.task_id in done:
+                reports.append(done[task.task_id])
+            elif report:
                 ids = range(task.num_init_states)
                 results, _ = run_task(suite, task, steps, ids, None, None, bar, config)
                 reports.append(summarise(task, results))

@@ -22,8 +22,9 @@ import pytest
 
 from embodied_rl.cli import main
 from embodied_rl.data.demos import load_demo, scan_demo_file
+from embodied_rl.runtime.config import ConfigError
 from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
-from simulators.libero.demos_cli import TaskReport, summarise, write_report
+from simulators.libero.demos_cli import TaskReport, finished_reports, summarise, write_report
 from simulators.libero.goals import (
     GoalAtom,
     OpenDrawer,
@@ -462,6 +463,7 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
             r"no selected task of libero_10 has a goal the planner handles \(goal \(close ",
         ),
         (["--image-size", "0"], "--image-size 0 must be >= 1"),
+        (["--tasks", "0", "--resume"], "--resume continues a --report run. Fix: add --report"),
     ],
 )
 def test_bad_demo_requests_are_refused(tmp_path, capsys, args, message):
@@ -501,3 +503,16 @@ def test_report_table_and_json(tmp_path):
     table = md_path.read_text()
     assert "| 3 | pick up x | 2/3 | 67% | 100.0 | 1 |" in table
     assert "unsupported: (open y)" in table and "Overall: 2/3 (66.7%)." in table
+
+
+def test_resume_keeps_the_complete_tasks_of_a_stopped_report(tmp_path):
+    infos = [TaskInfo(i, f"t{i}", f"task {i}", "x.bddl", "", 3) for i in range(3)]
+    complete = summarise(infos[0], [EpisodeResult(i, i != 1, 50, "slipped") for i in range(3)])
+    partial = summarise(infos[1], [EpisodeResult(0, True, 60)])  # stopped after 1 of 3
+    unsupported = TaskReport(2, "t2", "task 2", unsupported="(close y) is not supported")
+    write_report(tmp_path, "libero_goal", [complete, partial, unsupported])
+    kept = finished_reports(tmp_path, "libero_goal", infos)
+    assert list(kept) == [0] and kept[0] == complete  # failures keyed by int again
+    assert finished_reports(tmp_path / "none", "libero_goal", infos) == {}
+    with pytest.raises(ConfigError, match="report of 'libero_goal', not 'libero_10'"):
+        finished_reports(tmp_path, "libero_10", infos)
