@@ -12,9 +12,10 @@ planner executes, in the order the file lists them:
 
 - ``(In obj region)`` / ``(On obj target)``: :class:`PickPlace`; but an ``On`` of a plate to a
   table region is a :class:`Push` (a plate is wider than the open gripper and flat), and an
-  ``In`` into a cabinet drawer's region first gets :class:`OpenDrawer` of that region (the
-  drawers of LIBERO's cabinets start closed: libero_goal's "open the top drawer and put the
-  bowl inside" states only the ``In``);
+  ``In`` into a cabinet drawer's region first gets :class:`ClearOf` (the object out of the
+  drawer's sweep) and :class:`OpenDrawer` of that region (the drawers of LIBERO's cabinets
+  start closed: libero_goal's "open the top drawer and put the bowl inside" states only the
+  ``In``);
 - ``(Open <cabinet>_<top|middle|bottom>_region)``: :class:`OpenDrawer`;
 - ``(Turnon obj)``: :class:`TurnOn` (a stove's knob).
 
@@ -83,6 +84,15 @@ class Push:
 
 
 @dataclass(frozen=True)
+class ClearOf:
+    """Move ``obj`` along the table out of the space the drawer of ``region`` sweeps when it
+    opens (a step before :class:`OpenDrawer`; the planner skips it when ``obj`` is clear)."""
+
+    obj: str
+    region: str
+
+
+@dataclass(frozen=True)
 class OpenDrawer:
     """Pull the drawer of cabinet region ``region`` (e.g. ``wooden_cabinet_1_top_region``) open."""
 
@@ -96,7 +106,7 @@ class TurnOn:
     obj: str
 
 
-Step = PickPlace | Push | OpenDrawer | TurnOn
+Step = PickPlace | Push | ClearOf | OpenDrawer | TurnOn
 
 
 def _tokens(text: str) -> list[str]:
@@ -205,7 +215,9 @@ def _atom_steps(atom: GoalAtom, opened: set[str]) -> list[Step]:
     steps: list[Step] = []
     if atom.predicate == "in" and is_drawer_region(target) and target not in opened:
         opened.add(target)  # an In a closed drawer needs it open first (a no-op if it is)
-        steps.append(OpenDrawer(target))
+        # and the object out of the drawer's way: an open top drawer overhangs the bowl in
+        # front of libero_goal's cabinet, so the bowl could not be lifted any more
+        steps += [ClearOf(obj, target), OpenDrawer(target)]
     return [*steps, PickPlace(obj, atom.predicate, target)]
 
 

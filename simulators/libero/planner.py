@@ -6,6 +6,8 @@ effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards
 - :class:`~simulators.libero.goals.PickPlace`: above the object, down to the grasp, close
   the gripper, lift, over the target, down, open, back up; a grasp that does not hold when
   lifting is retried;
+- :class:`~simulators.libero.goals.ClearOf`: the same phases, placing the object on the
+  table at the nearest spot out of a drawer's sweep (skipped when it is out already);
 - :class:`~simulators.libero.goals.Push` (a plate): closed fingers down into the dish, then
   moved by what the dish still has to move (re-aimed every step), so they drag it by the
   inside of its rim until its body is on the goal region, back up (from behind, a plate
@@ -43,7 +45,15 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
-from simulators.libero.goals import OpenDrawer, PickPlace, Push, Step, TurnOn, UnsupportedGoalError
+from simulators.libero.goals import (
+    ClearOf,
+    OpenDrawer,
+    PickPlace,
+    Push,
+    Step,
+    TurnOn,
+    UnsupportedGoalError,
+)
 from simulators.libero.grasp import (
     Grasp,
     GraspLimits,
@@ -54,11 +64,12 @@ from simulators.libero.grasp import (
 )
 from simulators.libero.privileged import PrivilegedScene
 from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
-from simulators.libero.skills import knob_grip_points
+from simulators.libero.skills import clear_move, knob_grip_points
 
 # The phases of each kind of step, in order; the last one ends the step.
 PHASES = {
     PickPlace: ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat"),
+    ClearOf: ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat"),
     Push: ("push_over", "push_down", "push", "push_up"),
     OpenDrawer: (
         "handle_above",
@@ -115,6 +126,9 @@ class PlannerConfig:
         knob_overturn: knobs: twist this far (rad) past the on threshold.
         knob_pitch: knobs: the hand's tilt (rad) about its closing axis, tips towards the
             robot's base.
+        clear_margin: clearing: the moved object keeps this far (xy) from the drawer's
+            sweep (room for the fingers of the next grasp) ...
+        place_gap: ... and this far from the objects standing on the table.
     """
 
     position_gain: float = 1.0
@@ -147,6 +161,8 @@ class PlannerConfig:
     rotation_tolerance: float = 0.1
     knob_overturn: float = 0.35
     knob_pitch: float = 0.5
+    clear_margin: float = 0.04
+    place_gap: float = 0.01
 
 
 @dataclass
@@ -167,6 +183,7 @@ class _State:
     failure: str | None = None
     history: list[str] = field(default_factory=list)
     path: np.ndarray | None = None  # a pushed object's planned centre positions (M, 2)
+    clear_goal: tuple[np.ndarray, float] | None = None  # ClearOf: body xy (2,), table height
 
 
 def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
@@ -215,6 +232,17 @@ class ScriptedPlanner(SkillPhases):
     def reset(self) -> None:
         """Start from the first step (call after every env reset and ``scene.refresh()``)."""
         self._s = _State()
+        self._start_step()
+
+    def _start_step(self) -> None:
+        """Enter the current step's first phase; a :class:`ClearOf` whose object is clear
+        of the drawer is skipped (the last step never is one)."""
+        s = self._s
+        while isinstance(self._step, ClearOf):
+            s.clear_goal = self._plan_clear()
+            if s.clear_goal is not None or s.failure is not None:
+                break
+            s.step += 1
         self._enter(self._order()[0])
 
     @property
@@ -366,7 +394,7 @@ class ScriptedPlanner(SkillPhases):
             self._enter("settle")
             return
         s.step, s.attempts = s.step + 1, 1
-        self._enter(self._order()[0])
+        self._start_step()
 
     def _enter(self, phase: str) -> None:
         """Start ``phase``: compute its waypoint from the scene as it is now."""
@@ -484,6 +512,8 @@ class ScriptedPlanner(SkillPhases):
         """
         step = self.steps[self._s.step]
         scene = self.scene
+        if isinstance(step, ClearOf):
+            return self._s.clear_goal
         if scene.is_site(step.target):
             box = scene.region_box(step.target)
             surface = box.low[2] + 0.01 if step.relation == "in" else box.high[2]
@@ -492,6 +522,29 @@ class ScriptedPlanner(SkillPhases):
             raise UnsupportedGoalError(f"(In {step.obj} {step.target}): target is not a region")
         top = float(scene.object_points(step.target)[:, 2].max())
         return scene.object_position(step.target)[:2], top
+
+    def _plan_clear(self) -> tuple[np.ndarray, float] | None:
+        """Where :class:`ClearOf` puts its object (body xy ``(2,)``, table height), ``None``
+        when it is clear already: the nearest spot ``clear_margin`` away from the drawer's
+        sweep (the drawer body from where it is to fully open) and ``place_gap`` from the
+        objects standing on the table (pieces above its bottom)."""
+        step, scene = self._step, self.scene
+        points = scene.object_points(step.obj)
+        bottom = float(points[:, 2].min())
+        joint = scene.region_joint(step.region)
+        opened, _ = scene.open_close_qpos(step.region)
+        drawer = np.concatenate(scene.body_parts(joint.body))
+        sweep = np.concatenate([drawer, drawer + (opened - joint.qpos) * joint.axis])
+        standing = [p for p in self._others(step.obj) if float(p[:, 2].max()) > bottom + 0.005]
+        c = self.config
+        keep_out = [(sweep[:, :2], c.clear_margin)] + [(p[:, :2], c.place_gap) for p in standing]
+        move = clear_move(points[:, :2], keep_out, scene.base_position()[:2])
+        if move is None:
+            self._s.failure = f"no free spot on the table to move {step.obj!r} out of the drawer"
+            return None
+        if not move.any():
+            return None
+        return scene.object_position(step.obj)[:2] + move, bottom
 
     def _place_target_xy(self) -> np.ndarray:
         """The eef xy that puts the held object's body over the place goal."""

@@ -8,7 +8,9 @@ Pure functions on world-frame points ``(K, 3)`` (collision geom vertices / corne
   the 1.6 cm slot between a LIBERO cabinet's handle and its drawer front: the Panda's finger
   tip is 1.44 cm thick);
 - :func:`knob_grip_points`: the raised grip of a knob (what the fingers close on);
-- :func:`push_path`: a path for a pushed disc (a plate) around the objects on the table.
+- :func:`push_path`: a path for a pushed disc (a plate) around the objects on the table;
+- :func:`clear_move`: the shortest move of an object out of a keep-out area (a drawer's
+  sweep) and away from the other objects.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simulators.libero.grasp import convex_hull
+from simulators.libero.grasp import convex_hull, polygons_overlap
 
 # Panda finger geometry in the grip-site frame (site z points from the hand to the tips):
 FINGER_TIP = 0.0092  # the finger tips are this far beyond the grip site
@@ -164,3 +166,31 @@ def push_path(
     while path[-1] != first:
         path.append(parent[path[-1]])
     return low + np.array(path[::-1], float) * cell
+
+
+def clear_move(
+    footprint: np.ndarray,
+    keep_out: Sequence[tuple[np.ndarray, float]],
+    base_xy: np.ndarray,
+    reach: float = 0.2,
+    cell: float = 0.01,
+    farther: float = 0.03,
+) -> np.ndarray | None:
+    """The shortest move ``(2,)`` (on a grid of ``cell``, at most ``reach``, taking the
+    object at most ``farther`` further from the robot's base at ``base_xy``: the arm reaches
+    less there) after which an object's xy ``footprint`` ``(K, 2)`` keeps its margin from the convex hull of
+    every ``keep_out`` piece (``(xy points (Q, 2), margin)``); ``(0, 0)`` when it already
+    does, ``None`` when no such move does.
+    """
+    hull = convex_hull(footprint)
+    hulls = [(convex_hull(piece), margin) for piece, margin in keep_out]
+    ticks = np.arange(-round(reach / cell), round(reach / cell) + 1) * cell
+    moves = np.stack(np.meshgrid(ticks, ticks, indexing="ij"), axis=-1).reshape(-1, 2)
+    centre = footprint.mean(axis=0)
+    distance = np.linalg.norm(centre - base_xy)
+    near = np.linalg.norm(centre + moves - base_xy, axis=1) <= distance + farther
+    lengths = np.where(near, np.linalg.norm(moves, axis=1), np.inf)
+    for move in moves[np.argsort(lengths, kind="stable")][: int((lengths <= reach).sum())]:
+        if not any(polygons_overlap(hull + move, other, margin) for other, margin in hulls):
+            return move
+    return None

@@ -26,6 +26,7 @@ from embodied_rl.runtime.config import ConfigError
 from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
 from simulators.libero.demos_cli import TaskReport, finished_reports, summarise, write_report
 from simulators.libero.goals import (
+    ClearOf,
     GoalAtom,
     OpenDrawer,
     PickPlace,
@@ -47,8 +48,8 @@ from simulators.libero.grasp import (
     polygons_overlap,
     yaw_of,
 )
-from simulators.libero.planner import PlannerConfig, rotation_error
-from simulators.libero.skills import handle_grip, knob_grip_points, tilt_towards
+from simulators.libero.planner import PlannerConfig, ScriptedPlanner, rotation_error
+from simulators.libero.skills import clear_move, handle_grip, knob_grip_points, tilt_towards
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 requires_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO is not installed")
@@ -103,8 +104,10 @@ def _goal(*atoms: str) -> tuple:
 def test_goal_steps_of_drawers_plates_and_knobs():
     top, middle = "wooden_cabinet_1_top_region", "white_cabinet_1_middle_region"
     assert _goal(f"(Open {middle})") == (OpenDrawer(middle),)
-    # an In a drawer opens it first, once; an explicit Open before it is not repeated
+    # an In a drawer clears the object of the drawer and opens it first, once; an explicit
+    # Open before it is not repeated
     assert _goal(f"(In bowl_1 {top})", f"(In cup_1 {top})") == (
+        ClearOf("bowl_1", top),
         OpenDrawer(top),
         PickPlace("bowl_1", "in", top),
         PickPlace("cup_1", "in", top),
@@ -157,6 +160,7 @@ def test_goals_of_the_installed_task_files():
         OpenDrawer("wooden_cabinet_1_middle_region"),
     )
     assert goal["open_the_top_drawer_and_put_the_bowl_inside"] == (
+        ClearOf(bowl, top),
         OpenDrawer(top),
         PickPlace(bowl, "in", top),
     )
@@ -195,6 +199,53 @@ def test_hull_and_overlap():
     assert polygons_overlap(hull, other, margin=0.6)
     diamond = np.array([[1.2, 0.5], [1.6, 0.1], [2.0, 0.5], [1.6, 0.9]])
     assert not polygons_overlap(hull, diamond) and polygons_overlap(hull, diamond - [0.3, 0])
+
+
+def test_clear_move_is_the_shortest_free_move_not_away_from_the_robot():
+    bowl = _box((0.0, 0.0), (0.1, 0.1, 0.05))[:, :2]
+    sweep = _box((0.2, -0.02), (0.2, 0.2, 0.1))[:, :2]  # x 0.1..0.3: 5 cm from the bowl
+    base = np.array([-1.0, 0.0])
+    assert np.array_equal(clear_move(bowl, [(sweep, 0.04)], base), [0.0, 0.0])
+    # a 7 cm margin needs 2 cm more room: straight back towards the robot
+    assert np.allclose(clear_move(bowl, [(sweep, 0.07)], base), [-0.02, 0.0])
+    # with a box behind the bowl too, the move goes sideways (y) instead
+    behind = _box((-0.11, 0.0), (0.1, 0.1, 0.05))[:, :2]
+    move = clear_move(bowl, [(sweep, 0.07), (behind, 0.0)], base)
+    assert move[0] == pytest.approx(-0.02) and abs(move[1]) == pytest.approx(0.1)
+    # nothing within reach that keeps to the robot's side
+    assert clear_move(bowl, [(sweep, 0.07), (behind, 0.0)], base, reach=0.05) is None
+
+
+@pytest.mark.libero
+@requires_libero
+def test_the_bowl_is_moved_clear_of_the_top_drawer_before_it_opens(goal_env):
+    """libero_goal's open top drawer overhangs the bowl in front of the cabinet: the planner
+    first moves the bowl to a spot clear of the drawer's sweep (no episode is run)."""
+    from simulators.libero.demos import _raw_env
+    from simulators.libero.privileged import PrivilegedScene
+
+    (task,) = [t for t in suite_tasks("libero_goal") if "top_drawer" in t.name]
+    goal_env.reset([task.task_id], [1])
+    scene = PrivilegedScene(_raw_env(goal_env))
+    bowl, top = "akita_black_bowl_1", "wooden_cabinet_1_top_region"
+    planner = ScriptedPlanner(scene, goal_steps(parse_goal(task.bddl_text)), PlannerConfig())
+    assert planner.phase == "approach" and planner._step == ClearOf(bowl, top)
+    goal_xy, height = planner._s.clear_goal
+    moved = scene.object_points(bowl)[:, :2] + (goal_xy - scene.object_position(bowl)[:2])
+    drawer = np.concatenate(scene.body_parts(scene.region_joint(top).body))[:, :2]
+    opened = (
+        drawer
+        + (scene.open_close_qpos(top)[0] - scene.region_joint(top).qpos)
+        * (scene.region_joint(top).axis[:2])
+    )
+    assert polygons_overlap(convex_hull(scene.object_points(bowl)[:, :2]), convex_hull(opened))
+    assert not polygons_overlap(convex_hull(moved), convex_hull(opened), margin=0.039)
+    assert height == pytest.approx(float(scene.object_points(bowl)[:, 2].min()))
+    # an object clear of the drawer already (the cream cheese, 6 cm beyond its sweep) is not
+    # moved: the planner starts with the drawer
+    steps = (ClearOf("cream_cheese_1", top), OpenDrawer(top))
+    planner = ScriptedPlanner(scene, steps, PlannerConfig())
+    assert planner._step == OpenDrawer(top) and planner.phase == "handle_above"
 
 
 def test_rotation_conventions():
