@@ -37,7 +37,8 @@ Goal semantics (LIBERO's ``predicates/base_predicates.py``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 PICK_PLACE_RELATIONS = ("in", "on")
 PUSHED_KINDS = ("plate",)  # 13.8 cm wide, 2 cm high: pushed along the table, never grasped
@@ -68,11 +69,14 @@ class GoalAtom:
 
 @dataclass(frozen=True)
 class PickPlace:
-    """Put ``obj`` ``relation`` ``target`` (``in`` a region, or ``on`` an object / region)."""
+    """Put ``obj`` ``relation`` ``target`` (``in`` a region, or ``on`` an object / region);
+    ``slot`` = (k, n): the k-th of n objects put ``on`` the same region, which the planner
+    spreads over it (libero_10's "put both moka pots on the stove")."""
 
     obj: str
     relation: str
     target: str
+    slot: tuple[int, int] = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -229,4 +233,25 @@ def goal_steps(atoms: tuple[GoalAtom, ...]) -> tuple[Step, ...]:
             a microwave), naming it and what the planner handles.
     """
     opened: set[str] = set()
-    return tuple(step for atom in atoms for step in _atom_steps(atom, opened))
+    steps = [step for atom in atoms for step in _atom_steps(atom, opened)]
+    return tuple(_with_slots(steps))
+
+
+def _with_slots(steps: list[Step]) -> list[Step]:
+    """Number the pick-and-places ``on`` one region (``_region``) k of n (an ``In`` of two
+    cans into a basket keeps one aim: they fit side by side anyway)."""
+
+    def shared(step: Step) -> str | None:
+        on_region = isinstance(step, PickPlace) and step.relation == "on"
+        return step.target if on_region and step.target.endswith("_region") else None
+
+    totals = Counter(shared(step) for step in steps)
+    seen: Counter = Counter()
+    out = []
+    for step in steps:
+        target = shared(step)
+        if target is not None and totals[target] > 1:
+            step = replace(step, slot=(seen[target], totals[target]))
+            seen[target] += 1
+        out.append(step)
+    return out

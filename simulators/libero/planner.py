@@ -64,7 +64,7 @@ from simulators.libero.grasp import (
 )
 from simulators.libero.privileged import PrivilegedScene
 from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
-from simulators.libero.skills import clear_move, knob_grip_points
+from simulators.libero.skills import clear_move, knob_grip_points, slot_offset
 
 # The phases of each kind of step, in order; the last one ends the step.
 PHASES = {
@@ -520,7 +520,7 @@ class ScriptedPlanner(SkillPhases):
         if scene.is_site(step.target):
             box = scene.region_box(step.target)
             surface = box.low[2] + 0.01 if step.relation == "in" else box.high[2]
-            return box.center[:2], float(surface)
+            return box.center[:2] + slot_offset(box.low, box.high, step.slot), float(surface)
         if step.relation == "in":
             raise UnsupportedGoalError(f"(In {step.obj} {step.target}): target is not a region")
         top = float(scene.object_points(step.target)[:, 2].max())

@@ -194,3 +194,15 @@ def clear_move(
         if not any(polygons_overlap(hull + move, other, margin) for other, margin in hulls):
             return move
     return None
+
+
+def slot_offset(low: np.ndarray, high: np.ndarray, slot: tuple[int, int], inset: float = 0.01):
+    """The xy offset ``(2,)`` from a region box's centre of slot ``k`` of ``n``: evenly along
+    the box's longer horizontal side, the outer slots ``inset`` inside its ends (0 for n=1)."""
+    k, n = slot
+    offset = np.zeros(2)
+    if n > 1:
+        extent = (high - low)[:2]
+        axis = int(np.argmax(extent))
+        offset[axis] = (k - (n - 1) / 2) * (extent[axis] - 2 * inset) / (n - 1)
+    return offset

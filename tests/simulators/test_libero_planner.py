@@ -49,7 +49,13 @@ from simulators.libero.grasp import (
     yaw_of,
 )
 from simulators.libero.planner import PlannerConfig, ScriptedPlanner, rotation_error
-from simulators.libero.skills import clear_move, handle_grip, knob_grip_points, tilt_towards
+from simulators.libero.skills import (
+    clear_move,
+    handle_grip,
+    knob_grip_points,
+    slot_offset,
+    tilt_towards,
+)
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 requires_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO is not installed")
@@ -129,6 +135,15 @@ def test_goal_steps_of_drawers_plates_and_knobs():
         PickPlace("plate_2", "on", "flat_stove_1_cook_region"),
     )
     assert _goal("(Turnon flat_stove_1)") == (TurnOn("flat_stove_1"),)
+    # two objects on one region get a slot each (k of 2); on an object or in a region, none
+    stove = "flat_stove_1_cook_region"
+    assert _goal(f"(On pot_1 {stove})", "(On cup_1 plate_1)", f"(On pot_2 {stove})") == (
+        PickPlace("pot_1", "on", stove, slot=(0, 2)),
+        PickPlace("cup_1", "on", "plate_1"),
+        PickPlace("pot_2", "on", stove, slot=(1, 2)),
+    )
+    basket = "basket_1_contain_region"
+    assert [s.slot for s in _goal(f"(In a_1 {basket})", f"(In b_1 {basket})")] == [(0, 1)] * 2
     assert object_kind("plate_12") == "plate" and object_kind("plate") == "plate"
     handled = r"handles \(In obj region\), \(On obj target\), \(Open <cabinet>_<top\|middle"
     for goal in ("(Close wooden_cabinet_1_top_region)", "(Open microwave_1)", "(Turnoff s_1)"):
@@ -246,6 +261,15 @@ def test_the_bowl_is_moved_clear_of_the_top_drawer_before_it_opens(goal_env):
     steps = (ClearOf("cream_cheese_1", top), OpenDrawer(top))
     planner = ScriptedPlanner(scene, steps, PlannerConfig())
     assert planner._step == OpenDrawer(top) and planner.phase == "handle_above"
+
+
+def test_slot_offsets_spread_along_the_longer_side():
+    low, high = np.array([0.0, 0.0, 0.9]), np.array([0.15, 0.1, 0.91])
+    assert np.array_equal(slot_offset(low, high, (0, 1)), [0.0, 0.0])
+    # 2 slots along x (15 cm), 1 cm inside its ends: centres at +-6.5 cm
+    assert np.allclose(slot_offset(low, high, (0, 2)), [-0.065, 0.0])
+    assert np.allclose(slot_offset(low, high, (1, 2)), [0.065, 0.0])
+    assert np.allclose(slot_offset(low, high, (1, 3)), [0.0, 0.0])
 
 
 def test_rotation_conventions():
