@@ -16,6 +16,7 @@ planner executes, in the order the file lists them:
   drawer's sweep) and :class:`OpenDrawer` of that region (the drawers of LIBERO's cabinets
   start closed: libero_goal's "open the top drawer and put the bowl inside" states only the
   ``In``);
+- two ``On`` of objects to one region: a ``slot`` each (k of n), spread over the region;
 - ``(Open <cabinet>_<top|middle|bottom>_region)``: :class:`OpenDrawer`;
 - ``(Turnon obj)``: :class:`TurnOn` (a stove's knob).
 
@@ -238,8 +239,8 @@ def goal_steps(atoms: tuple[GoalAtom, ...]) -> tuple[Step, ...]:
 
 
 def _with_slots(steps: list[Step]) -> list[Step]:
-    """Number the pick-and-places ``on`` one region (``_region``) k of n (an ``In`` of two
-    cans into a basket keeps one aim: they fit side by side anyway)."""
+    """Number the pick-and-places ``on`` one region (``_region``) k of n. An ``In`` keeps one
+    aim: libero_10's two cans into one basket succeed 50/50 with it."""
 
     def shared(step: Step) -> str | None:
         on_region = isinstance(step, PickPlace) and step.relation == "on"
