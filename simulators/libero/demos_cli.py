@@ -144,7 +144,7 @@ def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[i
             f"--resume: {path} is a report of {payload.get('suite')!r}, not {suite!r}",
             "give the --out folder of the same suite's report, or drop --resume",
         )
-    fields = {f for f in TaskReport.__dataclass_fields__}
+    fields = set(TaskReport.__dataclass_fields__)
     kept = {}
     for entry in payload["tasks"]:
         report = TaskReport(**{k: v for k, v in entry.items() if k in fields})

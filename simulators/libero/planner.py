@@ -67,9 +67,10 @@ from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
 from simulators.libero.skills import clear_move, knob_grip_points, slot_offset
 
 # The phases of each kind of step, in order; the last one ends the step.
+PICK_AND_PLACE = ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat")
 PHASES = {
-    PickPlace: ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat"),
-    ClearOf: ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat"),
+    PickPlace: PICK_AND_PLACE,
+    ClearOf: PICK_AND_PLACE,  # a pick-and-place to a spot out of the drawer's way
     Push: ("push_over", "push_down", "push", "push_up"),
     OpenDrawer: (
         "handle_above",

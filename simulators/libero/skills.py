@@ -196,7 +196,9 @@ def clear_move(
     return None
 
 
-def slot_offset(low: np.ndarray, high: np.ndarray, slot: tuple[int, int], inset: float = 0.01):
+def slot_offset(
+    low: np.ndarray, high: np.ndarray, slot: tuple[int, int], inset: float = 0.01
+) -> np.ndarray:
     """The xy offset ``(2,)`` from a region box's centre of slot ``k`` of ``n``: evenly along
     the box's longer horizontal side, the outer slots ``inset`` inside its ends (0 for n=1)."""
     k, n = slot
