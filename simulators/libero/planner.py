@@ -19,6 +19,9 @@ effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards
   tilted towards the robot's base), a twist about the vertical past LIBERO's on threshold,
   open, back up.
 
+Before the first step the planner waits (hand still, open) while any object still moves:
+setting some of libero_10's init states throws objects into the air.
+
 Every waypoint is computed from the scene
 (:class:`~simulators.libero.privileged.PrivilegedScene`) when its phase starts, so a nudged
 object or a slipped grasp is seen.
@@ -104,6 +107,8 @@ class PlannerConfig:
         release_opening: a release ends early only with the fingers this far apart (m).
         settle_steps: after the last step, steps to wait for the success test (a released
             object may still be landing) before giving up.
+        settle_speed / wait_steps: before the first step, wait (at most ``wait_steps``)
+            until no object moves faster than ``settle_speed`` (m/s).
         max_attempts: grasp attempts per object before giving up.
         min_held_width: fingers closer than this (m) hold nothing between them.
         phase_steps: a phase that has not reached its waypoint after this many steps ends
@@ -145,6 +150,8 @@ class PlannerConfig:
     release_steps: tuple[int, int] = (3, 12)
     release_opening: float = 0.06
     settle_steps: int = 10
+    settle_speed: float = 0.02
+    wait_steps: int = 40
     max_attempts: int = 2
     min_held_width: float = 0.003
     phase_steps: int = 80
@@ -231,9 +238,20 @@ class ScriptedPlanner(SkillPhases):
         self.reset()
 
     def reset(self) -> None:
-        """Start from the first step (call after every env reset and ``scene.refresh()``)."""
+        """Start from the first step (call after every env reset and ``scene.refresh()``);
+        first ``wait`` while an object still moves (an init state of libero_10's living room
+        throws the milk, the ketchup and the orange juice 45 cm up when it is set: planned
+        from where they fly, grasps and heights would be wrong)."""
         self._s = _State()
-        self._start_step()
+        if self._scene_moving():
+            self._enter("wait")
+        else:
+            self._start_step()
+
+    def _scene_moving(self) -> bool:
+        """Whether any movable object moves faster than ``settle_speed``."""
+        speed = self.config.settle_speed
+        return any(self.scene.object_speed(n) > speed for n in self.scene.movable_objects())
 
     def _start_step(self) -> None:
         """Enter the current step's first phase; a :class:`ClearOf` whose object is clear
@@ -353,6 +371,8 @@ class ScriptedPlanner(SkillPhases):
             return s.phase_steps >= high or (s.phase_steps >= low and opened)
         if s.phase == "settle":
             return s.phase_steps >= c.settle_steps
+        if s.phase == "wait":
+            return not self._scene_moving() or s.phase_steps >= c.wait_steps
         if s.phase in ("lift", "retreat", "reopen", "push_up"):  # vertical: the height matters
             return z < 2 * tol
         return self._skill_phase_done(xy, z, yaw, blocked)
@@ -369,6 +389,9 @@ class ScriptedPlanner(SkillPhases):
             return
         if s.phase == "reopen":
             self._enter("approach")
+            return
+        if s.phase == "wait":
+            self._start_step()
             return
         if s.phase == "twist" and not self.scene.is_turned_on(step.obj):
             s.failure = f"the knob of {step.obj!r} did not turn on"
@@ -469,6 +492,11 @@ class ScriptedPlanner(SkillPhases):
     def _waypoint_settle(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
         return Waypoint(position, self._s.waypoint.yaw, OPEN, self._s.waypoint.rotation)
+
+    def _waypoint_wait(self) -> Waypoint:
+        """Hold the eef where it is, open."""
+        position, rotation = self.scene.eef_pose()
+        return Waypoint(position, yaw_of(rotation), OPEN, rotation)
 
     def _others(self, obj: str) -> list[np.ndarray]:
         """World points of every movable object but ``obj`` (the obstacles)."""

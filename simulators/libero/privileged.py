@@ -179,6 +179,13 @@ class PrivilegedScene:
         """``(3,)`` body position of object ``name`` (what LIBERO's goal tests use)."""
         return self.data.xpos[self.env.obj_body_id[name]].copy()
 
+    def object_speed(self, name: str) -> float:
+        """Linear speed (m/s) of object ``name``'s body (world frame)."""
+        velocity = np.zeros(6)  # [angular (3), linear (3)]
+        body = self.env.obj_body_id[name]
+        mujoco.mj_objectVelocity(self.model, self.data, mujoco.mjtObj.mjOBJ_BODY, body, velocity, 0)
+        return float(np.linalg.norm(velocity[3:]))
+
     def region_box(self, name: str) -> RegionBox:
         """The box of region site ``name``, as LIBERO's ``in_box`` computes it.
 
