@@ -34,6 +34,10 @@ clipped. With gain 1 the controller's goal is exactly the waypoint whenever the 
 within one action's reach, and OSC's critically damped impedance brings the eef there
 without overshoot; further away the action saturates (about 1.2 cm per step).
 
+An object wider than the narrow side of the region it goes ``in`` (libero_10's book and the
+caddy's compartment) is turned while carried, its thinnest side across the region, and its
+shape rather than its body origin is centred in the region.
+
 Grasps are top-down with the fingers vertical (:mod:`simulators.libero.grasp`): across the
 object's narrowest horizontal width (a box across its short side; round objects keep the
 current yaw), turned away from neighbours the hand would hit, ``grasp_depth`` below the
@@ -60,6 +64,7 @@ from simulators.libero.goals import (
 from simulators.libero.grasp import (
     Grasp,
     GraspLimits,
+    finger_width,
     path_obstacle_top,
     plan_grasp,
     wrap_angle,
@@ -192,6 +197,7 @@ class _State:
     history: list[str] = field(default_factory=list)
     path: np.ndarray | None = None  # a pushed object's planned centre positions (M, 2)
     clear_goal: tuple[np.ndarray, float] | None = None  # ClearOf: body xy (2,), table height
+    tight: bool = False  # the held object is turned to fit its region (see _place_yaw)
 
 
 def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
@@ -460,6 +466,7 @@ class ScriptedPlanner(SkillPhases):
 
     def _waypoint_lift(self) -> Waypoint:
         """Straight up to the carry height, and at least ``approach_height`` off the support."""
+        self._s.tight = self._tight_fit()  # as the object stands, before the hand turns it
         position, _ = self.scene.eef_pose()
         height = max(
             self._carry_height(self._place_target_xy()), position[2] + self.config.approach_height
@@ -470,7 +477,41 @@ class ScriptedPlanner(SkillPhases):
         position, _ = self.scene.eef_pose()
         target = self._place_target_xy()
         height = max(position[2], self._carry_height(target))
-        return Waypoint(np.array([*target, height]), self._s.waypoint.yaw, CLOSE)
+        return Waypoint(np.array([*target, height]), self._place_yaw(), CLOSE)
+
+    def _tight_fit(self) -> bool:
+        """Whether the step puts its object ``in`` a region whose narrow side is narrower
+        than the object's footprint along it as the object stands now."""
+        step, scene = self._step, self.scene
+        if not (isinstance(step, PickPlace) and step.relation == "in"):
+            return False
+        if not scene.is_site(step.target):
+            return False
+        box = scene.region_box(step.target)
+        size = (box.high - box.low)[:2]
+        narrow = int(np.argmin(size))
+        return bool(np.ptp(scene.object_points(step.obj)[:, narrow]) > size[narrow])
+
+    def _place_yaw(self) -> float:
+        """The hand's yaw to carry and place the held object: the grasp's, but turned when
+        the object is wider than the narrow side of the region it goes ``in`` so that its
+        thinnest horizontal direction lies along that side (libero_10's book, standing at
+        45 degrees, 10 cm across, into a caddy's 5.5 cm compartment)."""
+        yaw, step, scene = self._s.waypoint.yaw, self._step, self.scene
+        if not self._s.tight:
+            return yaw
+        box = scene.region_box(step.target)
+        size = (box.high - box.low)[:2]
+        narrow = int(np.argmin(size))
+        points = scene.object_points(step.obj)[:, :2]
+        headings = np.deg2rad(np.arange(0, 180, 5))
+        widths = [finger_width(points, h)[0] for h in headings]
+        thin = float(headings[int(np.argmin(widths))])
+        if min(widths) >= size[narrow]:
+            return yaw  # does not fit whichever way: go as it is
+        turn = wrap_angle(narrow * np.pi / 2 - thin)
+        turn = min((turn, turn - np.pi, turn + np.pi), key=abs)  # a half turn is the same fit
+        return float(yaw + turn)
 
     def _waypoint_lower(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
@@ -549,7 +590,12 @@ class ScriptedPlanner(SkillPhases):
         if scene.is_site(step.target):
             box = scene.region_box(step.target)
             surface = box.low[2] + 0.01 if step.relation == "in" else box.high[2]
-            return box.center[:2] + slot_offset(box.low, box.high, step.slot), float(surface)
+            centre = box.center[:2] + slot_offset(box.low, box.high, step.slot)
+            if self._s.tight:  # the object's shape, not its body, in the middle of the region
+                points = scene.object_points(step.obj)[:, :2]
+                middle = (points.min(axis=0) + points.max(axis=0)) / 2
+                centre = centre - (middle - scene.object_position(step.obj)[:2])
+            return centre, float(surface)
         if step.relation == "in":
             raise UnsupportedGoalError(f"(In {step.obj} {step.target}): target is not a region")
         top = float(scene.object_points(step.target)[:, 2].max())
