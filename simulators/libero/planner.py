@@ -19,8 +19,8 @@ effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards
   tilted towards the robot's base), a twist about the vertical past LIBERO's on threshold,
   open, back up.
 
-Before the first step the planner waits (hand still, open) while any object still moves:
-setting some of libero_10's init states throws objects into the air.
+Before the first step the planner waits (hand still, open) while any object moves faster
+than ``settle_speed``: setting some of libero_10's init states throws objects into the air.
 
 Every waypoint is computed from the scene
 (:class:`~simulators.libero.privileged.PrivilegedScene`) when its phase starts, so a nudged
@@ -248,7 +248,7 @@ class ScriptedPlanner(SkillPhases):
 
     def reset(self) -> None:
         """Start from the first step (call after every env reset and ``scene.refresh()``);
-        first ``wait`` while an object still moves (an init state of libero_10's living room
+        first ``wait`` while an object is thrown about (an init state of libero_10's living room
         throws the milk, the ketchup and the orange juice 45 cm up when it is set: planned
         from where they fly, grasps and heights would be wrong)."""
         self._s = _State()
@@ -482,6 +482,13 @@ class ScriptedPlanner(SkillPhases):
         height = max(position[2], self._carry_height(target))
         return Waypoint(np.array([*target, height]), self._place_yaw(), CLOSE)
 
+    def _narrow_side(self) -> tuple[int, float]:
+        """The step's target region's narrower horizontal axis (0 = x, 1 = y) and its width."""
+        box = self.scene.region_box(self._step.target)
+        size = (box.high - box.low)[:2]
+        narrow = int(np.argmin(size))
+        return narrow, float(size[narrow])
+
     def _tight_fit(self) -> bool:
         """Whether the step puts its object ``in`` a region whose narrow side is narrower
         than the object's footprint along it as the object stands now."""
@@ -490,27 +497,23 @@ class ScriptedPlanner(SkillPhases):
             return False
         if not scene.is_site(step.target):
             return False
-        box = scene.region_box(step.target)
-        size = (box.high - box.low)[:2]
-        narrow = int(np.argmin(size))
-        return bool(np.ptp(scene.object_points(step.obj)[:, narrow]) > size[narrow])
+        narrow, width = self._narrow_side()
+        return bool(np.ptp(scene.object_points(step.obj)[:, narrow]) > width)
 
     def _place_yaw(self) -> float:
         """The hand's yaw to carry and place the held object: the grasp's, but turned when
         the object is wider than the narrow side of the region it goes ``in`` so that its
         thinnest horizontal direction lies along that side (libero_10's book, standing at
         45 degrees, 10 cm across, into a caddy's 5.5 cm compartment)."""
-        yaw, step, scene = self._s.waypoint.yaw, self._step, self.scene
+        yaw = self._s.waypoint.yaw
         if not self._s.tight:
             return yaw
-        box = scene.region_box(step.target)
-        size = (box.high - box.low)[:2]
-        narrow = int(np.argmin(size))
-        points = scene.object_points(step.obj)[:, :2]
+        narrow, width = self._narrow_side()
+        points = self.scene.object_points(self._step.obj)[:, :2]
         headings = np.deg2rad(np.arange(0, 180, 5))
         widths = [finger_width(points, h)[0] for h in headings]
         thin = float(headings[int(np.argmin(widths))])
-        if min(widths) >= size[narrow]:
+        if min(widths) >= width:
             return yaw  # does not fit whichever way: go as it is
         turn = wrap_angle(narrow * np.pi / 2 - thin)
         turn = min((turn, turn - np.pi, turn + np.pi), key=abs)  # a half turn is the same fit
