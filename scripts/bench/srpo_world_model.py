@@ -20,7 +20,9 @@ reported number). All runs start from the same one-demo SFT checkpoint
    The seed (``seed=``) sets the rollouts' sampling and the task order; the SFT start is shared.
 
 A finished run (its ``eval_test`` results exist, in ``<runs>/tasks_<ids>/<method>_seed<N>``)
-is reused, so the benchmark resumes where it stopped; ``--fresh`` reruns. ``--recorded`` (an
+is reused and a run cut short resumes from its newest checkpoint (``resume=true``; its
+wall-time budget counts the earlier attempts), so the benchmark resumes where it stopped;
+``--fresh`` reruns. ``--recorded`` (an
 earlier JSON of this benchmark, e.g. ``docs/benchmarks/srpo_world_model.json``) resumes on
 another machine: its rows stand in for the runs whose folders are not here, provided its SFT
 start scored exactly as this one does (the check that both runs start from the same policy;
@@ -86,7 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--suite", default="libero_object")
     parser.add_argument("--tasks", type=int, nargs="+", default=None, help="default: weakest")
     parser.add_argument("--num-tasks", type=int, default=2)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--methods", nargs="*", default=list(METHODS), choices=METHODS,
+        help="none: only the SFT start's validation and test evaluations",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--world-model-pooling", default="mean_and_end")
     parser.add_argument("--rl-minutes", type=float, default=30.0)
@@ -421,9 +426,16 @@ def rl_phase(
     trained = run_dir / TRAINED_MARKER
     if args.report:
         pass  # a finished run, read as it is
-    elif args.fresh or not trained.exists():  # a run cut short starts again: same budget
-        shutil.rmtree(run_dir, ignore_errors=True)
-        seconds = run(commands["train"], logs / f"{method}_seed{seed}_train.log")
+    elif args.fresh or not trained.exists():
+        # A run cut short (a session's end) resumes from its newest checkpoint: its wall-time
+        # budget counts the earlier attempts' training time (trainer.time_limit_min).
+        resume = not args.fresh and has_checkpoint(run_dir)
+        if not resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        attempt = commands["train"] + (["resume=true"] if resume else [])
+        seconds = run(
+            attempt, logs / f"{method}_seed{seed}_train{'_resumed' if resume else ''}.log"
+        )
         marker = {"seconds": seconds, "command": commands["train"], **where_run()}
         trained.write_text(json.dumps(marker))
     if not args.report and success(run_dir, "eval_test") is None:
@@ -447,6 +459,15 @@ def rl_phase(
         "commands": {k: " ".join(v[2:]) for k, v in commands.items()},
         "ran": ran,
     }
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a complete checkpoint a training run can resume from."""
+    from embodied_rl.checkpoint import latest_checkpoint
+
+    return (run_dir / "checkpoints").is_dir() and latest_checkpoint(
+        run_dir / "checkpoints"
+    ) is not None
 
 
 def step_costs(metrics: list[dict[str, Any]]) -> dict[str, Any]:
