@@ -311,19 +311,19 @@ def weights_sha256(run_dir: Path) -> str | None:
 def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[list[int], dict]:
     """Validation success of the SFT start on every task; the RL tasks; their test success;
     the digest of its weights (:func:`weights_sha256`: how a rerun knows it starts there)."""
+    # every task when the benchmark chooses them, else the given ones only
+    command = eval_command(args, "sft_libero", args.sft, args.tasks, "validation")
+    commands["start_validation"] = " ".join(command[2:])  # also when reused: the JSON's record
     if success(args.sft, "eval_validation") is None or args.fresh:
-        # every task when the benchmark chooses them, else the given ones only
-        command = eval_command(args, "sft_libero", args.sft, args.tasks, "validation")
-        commands["start_validation"] = " ".join(command[2:])
         run(command, policy_folder(args) / "logs" / "start_validation.log")
     tasks, rates = weakest_tasks(args.sft, args.num_tasks)
     tasks = args.tasks if args.tasks is not None else tasks
     start_test = tasks_folder(args, tasks) / "start_test"  # the RL tasks' test split
+    command = eval_command(args, "sft_libero", start_test, tasks, "test")
+    commands["start_test"] = " ".join(command[2:])
     if success(start_test, "eval_test") is None or args.fresh:
         shutil.rmtree(start_test, ignore_errors=True)
         shutil.copytree(args.sft, start_test, ignore=shutil.ignore_patterns("eval*"))
-        command = eval_command(args, "sft_libero", start_test, tasks, "test")
-        commands["start_test"] = " ".join(command[2:])
         run(command, tasks_folder(args, tasks) / "logs" / "start_test.log")
     return tasks, {
         "validation_by_task": rates,
@@ -427,15 +427,9 @@ def rl_phase(
     if args.report:
         pass  # a finished run, read as it is
     elif args.fresh or not trained.exists():
-        # A run cut short (a session's end) resumes from its newest checkpoint: its wall-time
-        # budget counts the earlier attempts' training time (trainer.time_limit_min).
-        resume = not args.fresh and has_checkpoint(run_dir)
-        if not resume:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        attempt = commands["train"] + (["resume=true"] if resume else [])
-        seconds = run(
-            attempt, logs / f"{method}_seed{seed}_train{'_resumed' if resume else ''}.log"
-        )
+        attempt = training_attempt(commands["train"], run_dir, args.fresh)
+        suffix = "_resumed" if attempt[-1] == "resume=true" else ""
+        seconds = run(attempt, logs / f"{method}_seed{seed}_train{suffix}.log")
         marker = {"seconds": seconds, "command": commands["train"], **where_run()}
         trained.write_text(json.dumps(marker))
     if not args.report and success(run_dir, "eval_test") is None:
@@ -459,6 +453,17 @@ def rl_phase(
         "commands": {k: " ".join(v[2:]) for k, v in commands.items()},
         "ran": ran,
     }
+
+
+def training_attempt(command: list[str], run_dir: Path, fresh: bool) -> list[str]:
+    """The command that (re)starts a run not yet trained: a run cut short (a session's end)
+    resumes from its newest checkpoint (``resume=true``; its wall-time budget counts the
+    earlier attempts' training time, ``trainer.time_limit_min``); otherwise, or with
+    ``fresh``, whatever the folder holds is removed and the run starts from the SFT start."""
+    if not fresh and has_checkpoint(run_dir):
+        return [*command, "resume=true"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return list(command)
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -56,9 +56,15 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# Measured (2026-11-28, 2 cores): 400 steps: loss 0.48 -> 0.063, greedy 7/8 (600 steps: 3/8;
+# greedy success flips states from one checkpoint to the next, hence the margin below).
+SFT_STEPS = 400
+
+
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory) -> Path:
-    """One scripted demo -> 600 SFT steps on 2 workers -> greedy eval on the 8 train states."""
+    """One scripted demo -> ``SFT_STEPS`` SFT steps on 2 workers -> greedy eval on the 8 train
+    states."""
     root = tmp_path_factory.mktemp("libero_learning")
     demos = root / "demos"
     argv = ["demos", "--suite", "libero_object", "--tasks", str(TASK), "--init-states", "0"]
@@ -69,8 +75,8 @@ def sft_run(tmp_path_factory) -> Path:
         "data.max_demos_per_task=1",
         "data.batch_size=64",
         "models.actor.optimizer.lr=1e-3",
-        "trainer.total_steps=600",
-        "trainer.checkpoint_every=600",
+        f"trainer.total_steps={SFT_STEPS}",
+        f"trainer.checkpoint_every={SFT_STEPS}",
         "eval.max_videos=8",
         f"run_dir={root / 'sft'}",
     ]
@@ -81,9 +87,10 @@ def sft_run(tmp_path_factory) -> Path:
 def test_one_demo_sft_replays_its_task_to_success(sft_run):
     lines = _metrics(sft_run)
     assert lines[-1]["sft/loss"] < 0.25 * lines[0]["sft/loss"], (lines[0], lines[-1])
-    videos = sorted(p.name for p in (sft_run / "eval" / "step_000600").glob("*.mp4"))
+    videos = sorted(p.name for p in (sft_run / "eval" / f"step_{SFT_STEPS:06d}").glob("*.mp4"))
     assert any(name.startswith("task0_init0_success") for name in videos), videos
-    # The demo's own init state and at least one it never saw (measured: 3 of 8).
+    # The demo's own init state and at least one it never saw (measured: 7 of 8 at 400
+    # steps, 3 of 8 at 600).
     assert lines[-1]["eval/success_rate"] >= 2 / TRAIN_INITS, lines[-1]
 
 

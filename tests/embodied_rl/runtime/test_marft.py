@@ -81,16 +81,17 @@ def test_a_resumed_run_continues_exactly_where_it_stopped(tmp_path):
 @pytest.mark.slow
 def test_the_team_learns(tmp_path):
     result = launch(
-        compose("marft_llm", ["trainer.total_steps=30", f"run_dir={tmp_path}"]),
+        compose("marft_llm", ["trainer.total_steps=25", f"run_dir={tmp_path}"]),
         show_progress=False,
     )
     rows = _metrics(result.run_dir)
     rewards = [m["reward/mean"] for m in rows]
-    assert len(rewards) == 30
+    assert len(rewards) == 25
     start, end = statistics.mean(rewards[:3]), statistics.mean(rewards[-10:])
-    # Measured (seed 0, 2 CPU workers): 0.22 over steps 1-3 -> 0.33 over
-    # steps 21-30; entropy tens 2.39 -> 1.22, units 2.34 -> 2.05. Both learning rates at
-    # 1e-9: 0.20 -> 0.18, entropies unchanged (both asserts fail).
+    # Measured (seed 0, 2 CPU workers, 2026-11-28): 0.22 over steps 1-3 -> 0.33 over
+    # steps 16-25 (0.31 over 11-20, 0.33 over 21-30); entropy over the last 5 steps tens
+    # 2.39 -> 1.37, units 2.34 -> 2.12 (2.05 at 30 steps). Both learning rates at 1e-9 (30
+    # steps): 0.20 -> 0.18, entropies unchanged (both asserts fail).
     assert end > start + 0.06, (start, end, rewards)
     for agent in AGENTS:  # both agents' policies moved: each one's sampling entropy fell
         entropy = [m[f"{agent}/actor/entropy"] for m in rows]

@@ -241,3 +241,24 @@ def test_step_costs_by_hand():
         "train_rollout_success_last3": pytest.approx((0.5 + 0.5 + 0.75) / 3),
     }
     assert swm.step_costs([]) == {}
+
+
+def test_a_run_cut_short_resumes_and_a_fresh_or_empty_one_starts_over(tmp_path: Path):
+    import torch
+
+    command = ["-m", "embodied_rl.cli", "train", "run_dir=x"]
+    empty = tmp_path / "empty"
+    (empty / "eval").mkdir(parents=True)  # an attempt that died before its first checkpoint
+    assert swm.training_attempt(command, empty, fresh=False) == command
+    assert not empty.exists()
+    cut = tmp_path / "cut"
+    _checkpoint(cut, 5, {"w": torch.zeros(2)}, optimiser_step=5)
+    assert swm.training_attempt(command, cut, fresh=False) == [*command, "resume=true"]
+    assert (cut / "checkpoints").is_dir()  # kept: the resumed run continues from it
+    assert swm.training_attempt(command, cut, fresh=True) == command
+    assert not cut.exists()
+
+
+def test_no_methods_is_the_start_alone(tmp_path: Path):
+    args = _args(tmp_path, "--methods", "--seeds", "0")
+    assert args.methods == [] and args.seeds == [0]
