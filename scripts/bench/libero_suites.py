@@ -251,6 +251,23 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def task_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (suite, task): the demo's init state (or why there is none) and test success."""
+    return [
+        {
+            "suite": row["suite"],
+            "task": task,
+            "demo": f"init {cell['demo_init_state']}"
+            if cell["demo_init_state"] is not None
+            else ("none: goal unsupported" if cell["unsupported"] else "none: planner failed"),
+            "one-demo SFT": percent(cell["sft_test"]),
+            "SFT + SRPO": percent(cell["srpo_test"]),
+        }
+        for row in rows
+        for task, cell in row["tasks"].items()
+    ]
+
+
 def plot(rows: list[dict[str, Any]], out: Path | None) -> Path:
     fig, axes = common.new_figure(width=6.0, height=3.6)
     ax = axes[0]
@@ -262,8 +279,9 @@ def plot(rows: list[dict[str, Any]], out: Path | None) -> Path:
     ax.bar([x - 0.2 for x in xs], [rate(r["sft_test"]) for r in rows], 0.4, label="one-demo SFT")
     ax.bar([x + 0.2 for x in xs], [rate(r["srpo_test"]) for r in rows], 0.4, label="SFT + SRPO")
     for x, row in zip(xs, rows):
-        if row["srpo_test"] is None:
-            ax.text(x + 0.2, 2, "not run", ha="center", rotation=90, fontsize=8)
+        for offset, key in ((-0.2, "sft_test"), (0.2, "srpo_test")):
+            if row[key] is None:
+                ax.text(x + offset, 2, "not run", ha="center", rotation=90, fontsize=8)
     ax.set_xticks(list(xs), [r["suite"] for r in rows])
     ax.set_ylabel("test success (%), 50 episodes")
     ax.set_ylim(0, 100)
@@ -276,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.runs = args.runs.resolve()
     rows = [suite_row(args, suite) for suite in args.suites]
+    common.print_table(task_table(rows))
     common.print_table(table(rows))
     payload = {
         "args": {k: str(v) for k, v in vars(args).items()},
