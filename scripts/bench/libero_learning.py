@@ -182,16 +182,20 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def evaluations(run_dir: Path, name: str) -> dict[int, dict[str, int]]:
-    """``{step: {"successes", "episodes"}}`` summed over tasks from ``<name>/results.jsonl``
-    (of the training run, or of the newest standalone ``embodied-rl eval`` folder
-    ``<name>_<timestamp>/`` when the run has no ``<name>/``)."""
+def evaluation_file(run_dir: Path, name: str) -> Path:
+    """The ``results.jsonl`` of evaluation ``name``: the training run's ``<name>/``, or the
+    newest standalone ``embodied-rl eval`` folder ``<name>_<timestamp>/`` when it has none."""
     folder = run_dir / name
     if not folder.is_dir():
         standalone = sorted(run_dir.glob(f"{name}_2*/{name}"))
         folder = standalone[-1] if standalone else folder
+    return folder / "results.jsonl"
+
+
+def evaluations(run_dir: Path, name: str) -> dict[int, dict[str, int]]:
+    """``{step: {"successes", "episodes"}}`` summed over tasks (:func:`evaluation_file`)."""
     out: dict[int, dict[str, int]] = {}
-    for row in read_jsonl(folder / "results.jsonl"):
+    for row in read_jsonl(evaluation_file(run_dir, name)):
         entry = out.setdefault(int(row["step"]), {"successes": 0, "episodes": 0})
         entry["successes"] += int(row["successes"])
         entry["episodes"] += int(row["episodes"])

@@ -43,7 +43,7 @@ from typing import Any
 
 import common
 import srpo_world_model
-from libero_learning import cli, read_jsonl, run
+from libero_learning import cli, evaluation_file, read_jsonl, run
 from world_model_pretraining import sft_command
 
 NAME = "libero_suites"
@@ -80,16 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def planner_tasks(suite: str) -> tuple[list[int], dict[int, str]]:
     """The suite's task ids whose goal the planner handles, and the others with the reason."""
     from simulators.libero.demos import suite_tasks
-    from simulators.libero.goals import UnsupportedGoalError, goal_steps, parse_goal
+    from simulators.libero.demos_cli import planner_goals
 
-    handled, unsupported = [], {}
-    for task in suite_tasks(suite):
-        try:
-            goal_steps(parse_goal(task.bddl_text))
-            handled.append(task.task_id)
-        except UnsupportedGoalError as err:
-            unsupported[task.task_id] = str(err)
-    return handled, unsupported
+    goals = planner_goals(suite_tasks(suite))
+    handled = [task for task, goal in goals.items() if not isinstance(goal, str)]
+    return handled, {task: goal for task, goal in goals.items() if isinstance(goal, str)}
 
 
 def demo_tasks(folders: list[Path]) -> dict[int, int]:
@@ -127,11 +122,10 @@ def demos_phase(args: argparse.Namespace, suite: str, commands: dict[str, str]) 
             command = demos_command(suite, missing, RETRY_INIT_STATES, retry)
             run(command, folder / "logs" / "demos_retry.log")
         finished.write_text(json.dumps({"retried": missing}))
-    if finished.exists() and json.loads(finished.read_text())["retried"]:
-        retried = json.loads(finished.read_text())["retried"]
-        commands["demos_retry"] = " ".join(
-            demos_command(suite, retried, RETRY_INIT_STATES, retry)[2:]
-        )
+    retried = json.loads(finished.read_text())["retried"] if finished.exists() else []
+    if retried:
+        command = demos_command(suite, retried, RETRY_INIT_STATES, retry)
+        commands["demos_retry"] = " ".join(command[2:])
     first = demo_tasks([main, retry])
     return {
         "demo_init_state": first,
@@ -183,28 +177,21 @@ def per_task(results: Path) -> dict[int, dict[str, int]]:
     }
 
 
-def evaluation_file(run_dir: Path, name: str) -> Path:
-    """The ``results.jsonl`` of ``run_dir``'s evaluation ``name`` (the newest standalone one)."""
-    standalone = sorted(run_dir.glob(f"{name}_2*/{name}"))
-    folder = run_dir / name if (run_dir / name).is_dir() else (standalone or [run_dir / name])[-1]
-    return folder / "results.jsonl"
-
-
 def suite_row(args: argparse.Namespace, suite: str) -> dict[str, Any]:
     """Demos, SFT, then the start's (and SRPO's) evaluations of one suite."""
     commands: dict[str, str] = {}
     demos = demos_phase(args, suite, commands)
     sft = sft_phase(args, suite, demos["paths"], commands)
     results = args.runs / suite / "results" / f"{srpo_world_model.NAME}.json"
+    argv = srpo_argv(args, suite, sft)
     if not args.report:
-        srpo_world_model.main(srpo_argv(args, suite, sft))
+        srpo_world_model.main(argv)
     if not results.exists():  # --report before the suite's start was evaluated
         return {"suite": suite, "sft_test": None, "srpo_test": None, "rl_minutes": None,
                 "rl_episodes": None, "tasks": {}, "commands": commands}  # fmt: skip
     body = json.loads(results.read_text())
-    tasks_dir = srpo_world_model.tasks_folder(
-        srpo_world_model.parse_args(srpo_argv(args, suite, sft)), list(range(10))
-    )
+    srpo_args = srpo_world_model.parse_args(argv)
+    tasks_dir = srpo_world_model.tasks_folder(srpo_args, srpo_args.tasks)
     start_tasks = per_task(evaluation_file(tasks_dir / "start_test", "eval_test"))
     rl = next((r for r in body["runs"] if r["method"] == METHOD), None)
     rl_tasks = per_task(evaluation_file(tasks_dir / f"{METHOD}_seed{args.seed}", "eval_test"))
@@ -214,7 +201,8 @@ def suite_row(args: argparse.Namespace, suite: str) -> dict[str, Any]:
         "srpo_test": rl["test"] if rl else None,
         "rl_minutes": rl["rl_minutes"] if rl else None,
         "rl_steps": rl["rl_steps"] if rl else None,
-        "rl_episodes": rl["rl_steps"] * 8 * 8 if rl else None,  # groups x group size
+        # (task, init state) groups a step x episodes a group (rollout.group_size=8)
+        "rl_episodes": rl["rl_steps"] * srpo_args.groups * 8 if rl else None,
         "srpo_validation_curve": rl["curve"] if rl else None,
         "sft_validation_by_task": body["start"]["validation_by_task"],
         "tasks": {
@@ -235,7 +223,8 @@ def suite_row(args: argparse.Namespace, suite: str) -> dict[str, Any]:
 def percent(result: dict[str, Any] | None) -> str:
     if not result:
         return "-"
-    return f"{100 * result['successes'] / max(1, result['episodes']):.0f}% ({result['successes']}/{result['episodes']})"
+    successes, episodes = result["successes"], result["episodes"]
+    return f"{100 * successes / max(1, episodes):.0f}% ({successes}/{episodes})"
 
 
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

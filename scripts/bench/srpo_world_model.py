@@ -470,9 +470,7 @@ def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a complete checkpoint a training run can resume from."""
     from embodied_rl.checkpoint import latest_checkpoint
 
-    return (run_dir / "checkpoints").is_dir() and latest_checkpoint(
-        run_dir / "checkpoints"
-    ) is not None
+    return latest_checkpoint(run_dir / "checkpoints") is not None  # None: no folder either
 
 
 def step_costs(metrics: list[dict[str, Any]]) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[i
     return kept
 
 
-def _goal_steps(tasks: Sequence[TaskInfo]) -> dict[int, tuple[Step, ...] | str]:
+def planner_goals(tasks: Sequence[TaskInfo]) -> dict[int, tuple[Step, ...] | str]:
     """Each task's skill steps, or the reason its goal is unsupported."""
     goals: dict[int, tuple[Step, ...] | str] = {}
     for task in tasks:
@@ -213,7 +213,7 @@ def demos_command(
     task_ids = _resolve(tasks, len(infos))
     check_request(infos, task_ids, [] if init_states is None else list(init_states), out)
     selected = [infos[t] for t in task_ids]
-    goals = _goal_steps(selected)
+    goals = planner_goals(selected)
     if all(isinstance(goal, str) for goal in goals.values()):
         raise ConfigError(
             f"no selected task of {suite} has a goal the planner handles "
