@@ -21,6 +21,68 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must precede mu
 
 
 @pytest.fixture(scope="module", autouse=True)
+def _one_ray_cluster_for_the_session_module(request: pytest.FixtureRequest) -> None:
+    """The module's part of ``_one_ray_cluster_for_the_session``: before the module's own
+    fixtures, which may launch runs (a module-scoped SFT run) or call ``ray.init``."""
+    _share_ray_as_marked(request.node)
+
+
+@pytest.fixture(autouse=True)
+def _one_ray_cluster_for_the_session(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``ray`` share one embedded Ray cluster, started by the first of them.
+
+    ``launch`` runs on a cluster this process is already connected to and leaves it running
+    (``start_ray`` returns False), so each run of a test skips starting and stopping a cluster
+    of its own (about 4 s a run on 2 cores; a hundred runs in the default tier). The shared
+    cluster is started with the launcher's own ``ray_init_kwargs`` (no dashboard, the same
+    logging) and CPUs for the largest run of the tests (4 workers). Tests marked
+    ``own_ray_cluster`` need this process unconnected (their own ``ray.init``, a cluster given
+    by ``ray.address``, the embedded cluster's own size or start-up under test): the shared
+    cluster is stopped before them and the next ``ray`` test starts a new one.
+    """
+    _share_ray_as_marked(request.node)
+
+
+def _share_ray_as_marked(node: pytest.Item | pytest.Collector) -> None:
+    if node.get_closest_marker("own_ray_cluster") is not None:
+        _stop_shared_ray()
+    elif node.get_closest_marker("ray") is not None:
+        _start_shared_ray()
+
+
+SHARED_RAY_WORKERS = 4  # the most workers any in-process run of the tests asks for
+_shared_ray = {"started": False}  # whether this process's Ray connection is the shared cluster
+
+
+def _start_shared_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    from embodied_rl.runtime.config import compose
+    from embodied_rl.runtime.launcher import ray_init_kwargs
+
+    ray.init(**ray_init_kwargs(compose("grpo_llm", []), SHARED_RAY_WORKERS, 1.0))
+    _shared_ray["started"] = True
+
+
+def _stop_shared_ray() -> None:
+    """Stops the shared cluster only: a module's own ``ray.init`` (made by its module-scoped
+    fixture before its tests run) stays up for its tests."""
+    if not _shared_ray["started"]:
+        return
+    _shared_ray["started"] = False
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _stop_shared_ray()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _remove_module_folders_after_passing_modules(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:

@@ -184,6 +184,7 @@ def test_embedded_ray_starts_without_dashboard_and_joining_keeps_the_cluster_set
 
 
 @pytest.mark.ray
+@pytest.mark.own_ray_cluster
 def test_embedded_ray_cluster_serves_no_dashboard():
     """Started with the launcher's arguments, Ray runs no dashboard web server.
 

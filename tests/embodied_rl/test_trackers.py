@@ -284,6 +284,7 @@ def test_an_unknown_logger_or_a_missing_tracker_package_is_refused_at_start_up(m
         ("trainer.mlflow.tracking_uri", "trainer.mlflow.tracking_uri"),
     ],
 )
+@pytest.mark.own_ray_cluster  # "before Ray": this process must not be connected to start with
 def test_a_tracker_that_cannot_write_stops_the_command_before_ray_and_leaves_no_trace(
     tmp_path, capsys, override, key
 ):

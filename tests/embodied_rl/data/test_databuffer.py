@@ -35,7 +35,7 @@ from embodied_rl.data.transport import (
 )
 from embodied_rl.shm import shm_dir
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray_cluster]  # its own ray.init (actors)
 
 WORLD = 4
 PROMPT_LEN = 4

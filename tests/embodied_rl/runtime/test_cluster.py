@@ -16,6 +16,9 @@ from embodied_rl.runtime.cluster import bundles_that_fit
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.launcher import RunFailed, launch
 
+# ray.address of other clusters, and the embedded cluster's own size (ray.num_cpus)
+pytestmark = pytest.mark.own_ray_cluster
+
 SMALL = ["data.batch_size=4", "rollout.n=4", "trainer.total_steps=1"]
 
 

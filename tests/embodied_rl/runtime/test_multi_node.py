@@ -21,7 +21,7 @@ from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.local_cluster import LocalRayCluster
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.own_ray_cluster]
 
 STEPS = 3
 OVERRIDES = [
