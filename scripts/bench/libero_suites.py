@@ -9,7 +9,7 @@ benchmark resumes where it stopped; ``--fresh`` reruns):
 1. ``demos``: ONE scripted demonstration per task, from init state 0 (``embodied-rl demos``,
    64 px); a task whose init-state-0 episode the planner fails takes its first success among
    init states 1-3 (``demos_retry``; all training states). A task whose goal the planner
-   cannot parse (libero_10's ``Close`` tasks) has no demo: the policy never saw it, and its
+   cannot parse (libero_10's microwave door, task 9) has no demo: the policy never saw it, and its
    row in the per-task detail says so.
 2. ``sft``: one multi-task ``policy=mlp_image`` policy for the suite (behaviour cloning on
    those demos, ``world_model_pretraining.py``'s SFT command).

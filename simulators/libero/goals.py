@@ -18,9 +18,13 @@ planner executes, in the order the file lists them:
   ``In``);
 - two ``On`` of objects to one region: a ``slot`` each (k of n), spread over the region;
 - ``(Open <cabinet>_<top|middle|bottom>_region)``: :class:`OpenDrawer`;
+- ``(Close <cabinet>_<top|middle|bottom>_region)``: :class:`CloseDrawer`, after every step
+  that puts something in that drawer (a goal is a conjunction, not a sequence: libero_10's
+  "put the black bowl in the bottom drawer of the cabinet and close it" lists the ``Close``
+  first);
 - ``(Turnon obj)``: :class:`TurnOn` (a stove's knob).
 
-Other predicates (``Close``, ``Turnoff``, ``Open`` of a microwave door, ...) are refused with
+Other predicates (``Turnoff``, ``Open`` / ``Close`` of a microwave door, ...) are refused with
 :class:`UnsupportedGoalError`.
 
 Goal semantics (LIBERO's ``predicates/base_predicates.py``):
@@ -32,6 +36,8 @@ Goal semantics (LIBERO's ``predicates/base_predicates.py``):
   contact, and its centre within 3 cm (xy) of the target's;
 - ``(Open region)``: the region's joint (a drawer's slide) is past the fixture's open
   threshold (a wooden cabinet's drawer: ``qpos < -0.14`` m, joint range -0.16 .. 0.01);
+- ``(Close region)``: the joint is past the close threshold (a cabinet's drawer:
+  ``qpos > 0.0`` m, fully in);
 - ``(Turnon obj)``: the fixture's knob joint is past its on threshold (a flat stove's
   knob: ``qpos >= 0.5`` rad, range -0.005 .. 2.1).
 """
@@ -45,7 +51,8 @@ PICK_PLACE_RELATIONS = ("in", "on")
 PUSHED_KINDS = ("plate",)  # 13.8 cm wide, 2 cm high: pushed along the table, never grasped
 DRAWER_LEVELS = ("top", "middle", "bottom")
 HANDLED = (
-    "(In obj region), (On obj target), (Open <cabinet>_<top|middle|bottom>_region) and (Turnon obj)"
+    "(In obj region), (On obj target), (Open <cabinet>_<top|middle|bottom>_region), "
+    "(Close <cabinet>_<top|middle|bottom>_region) and (Turnon obj)"
 )
 
 Sexp = str | list["Sexp"]
@@ -105,13 +112,20 @@ class OpenDrawer:
 
 
 @dataclass(frozen=True)
+class CloseDrawer:
+    """Push the drawer of cabinet region ``region`` shut (by its handle)."""
+
+    region: str
+
+
+@dataclass(frozen=True)
 class TurnOn:
     """Turn the knob of fixture ``obj`` (e.g. ``flat_stove_1``) to on."""
 
     obj: str
 
 
-Step = PickPlace | Push | ClearOf | OpenDrawer | TurnOn
+Step = PickPlace | Push | ClearOf | OpenDrawer | CloseDrawer | TurnOn
 
 
 def _tokens(text: str) -> list[str]:
@@ -210,6 +224,8 @@ def _atom_steps(atom: GoalAtom, opened: set[str]) -> list[Step]:
     if atom.predicate == "open" and len(args) == 1 and is_drawer_region(args[0]):
         opened.add(args[0])
         return [OpenDrawer(args[0])]
+    if atom.predicate == "close" and len(args) == 1 and is_drawer_region(args[0]):
+        return [CloseDrawer(args[0])]
     if atom.predicate == "turnon" and len(args) == 1:
         return [TurnOn(args[0])]
     if atom.predicate not in PICK_PLACE_RELATIONS or len(args) != 2:
@@ -230,12 +246,35 @@ def goal_steps(atoms: tuple[GoalAtom, ...]) -> tuple[Step, ...]:
     """The skill steps that achieve ``atoms``, in order (preconditions first).
 
     Raises:
-        UnsupportedGoalError: an atom has no skill (e.g. ``Close``, ``Turnoff``, ``Open`` of
-            a microwave), naming it and what the planner handles.
+        UnsupportedGoalError: an atom has no skill (e.g. ``Turnoff``, ``Open`` of a
+            microwave), naming it and what the planner handles.
     """
     opened: set[str] = set()
     steps = [step for atom in atoms for step in _atom_steps(atom, opened)]
-    return tuple(_with_slots(steps))
+    return tuple(_with_slots(_closes_last(steps)))
+
+
+def _closes_last(steps: list[Step]) -> list[Step]:
+    """Each :class:`CloseDrawer` moved after the last step that uses its drawer (puts
+    something in it, clears for it or opens it) when one comes after it; the others keep
+    their order."""
+    out = list(steps)
+    for close in [step for step in steps if isinstance(step, CloseDrawer)]:
+        here = out.index(close)
+        uses = [
+            i for i, s in enumerate(out) if i != here and close.region in (_target(s), _region(s))
+        ]
+        if uses and uses[-1] > here:
+            out.insert(uses[-1], out.pop(here))  # the last use is one place earlier now
+    return out
+
+
+def _target(step: Step) -> str | None:
+    return step.target if isinstance(step, PickPlace | Push) else None
+
+
+def _region(step: Step) -> str | None:
+    return step.region if isinstance(step, ClearOf | OpenDrawer | CloseDrawer) else None
 
 
 def _with_slots(steps: list[Step]) -> list[Step]:

@@ -15,6 +15,12 @@ effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards
 - :class:`~simulators.libero.goals.OpenDrawer`: the hand turned nearly horizontal high above
   the front of the handle, down, in to the bar, close, pull along the drawer's axis past
   LIBERO's open threshold, open, back off (a drawer already open is skipped);
+- :class:`~simulators.libero.goals.CloseDrawer`: closed fingers, pointing down and tilted
+  towards the cabinet, lowered in front of the drawer's panel beside its handle and pushed
+  along the drawer's axis past LIBERO's close threshold, back up (a drawer already closed
+  is skipped). Not the opening's horizontal hand: with the drawer open its wrist reaches
+  28 cm out in front of the handle, where libero_10's wine rack stands before the bottom
+  drawer;
 - :class:`~simulators.libero.goals.TurnOn`: a grasp of the knob's ridge from above (the hand
   tilted towards the robot's base), a twist about the vertical past LIBERO's on threshold,
   open, back up.
@@ -54,12 +60,14 @@ import numpy as np
 
 from simulators.libero.goals import (
     ClearOf,
+    CloseDrawer,
     OpenDrawer,
     PickPlace,
     Push,
     Step,
     TurnOn,
     UnsupportedGoalError,
+    is_drawer_region,
 )
 from simulators.libero.grasp import (
     Grasp,
@@ -70,9 +78,9 @@ from simulators.libero.grasp import (
     wrap_angle,
     yaw_of,
 )
-from simulators.libero.privileged import PrivilegedScene
+from simulators.libero.privileged import PrivilegedScene, RegionBox
 from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
-from simulators.libero.skills import clear_move, knob_grip_points, slot_offset
+from simulators.libero.skills import clear_move, knob_grip_points, shift_clear, slot_offset
 
 # The phases of each kind of step, in order; the last one ends the step.
 PICK_AND_PLACE = ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat")
@@ -89,9 +97,10 @@ PHASES = {
         "release",
         "back_off",
     ),
+    CloseDrawer: ("shut_over", "shut_down", "shut", "shut_up"),
     TurnOn: ("approach", "descend", "close", "twist", "release", "retreat"),
 }
-LIVE_PHASES = ("push", "pull", "twist")  # phases whose waypoint is recomputed every step
+LIVE_PHASES = ("push", "pull", "shut", "twist")  # waypoints recomputed every step
 
 
 @dataclass
@@ -135,7 +144,14 @@ class PlannerConfig:
         tip_clearance: drawers: the deepest finger point past the handle bar's back face.
         handle_pitch: drawers: the hand's tilt (tips down, rad) when gripping a handle.
         pull_overshoot: drawers: pull this far (m) past the middle of the open range.
-        pull_speed: drawers: how far ahead of the eef (m) the pull aims each step.
+        pull_speed: drawers: how far ahead of the eef (m) the pull (the push shut) aims each
+            step.
+        shut_standoff: closing drawers: the eef's distance in front of the drawer's front
+            face when it goes down (a closed finger is 2 cm thick) ...
+        shut_below_top: ... and the finger tips' depth below the face's top edge.
+        shut_pitch: closing drawers: the hand's tilt (rad), tips towards the cabinet.
+        shut_edge_inset: closing drawers: the fingers push the panel this far in from its
+            end away from the robot.
         rotation_tolerance: a full-rotation waypoint counts as reached within this angle.
         knob_overturn: knobs: twist this far (rad) past the on threshold.
         knob_pitch: knobs: the hand's tilt (rad) about its closing axis, tips towards the
@@ -174,6 +190,10 @@ class PlannerConfig:
     handle_pitch: float = 0.21
     pull_overshoot: float = 0.005
     pull_speed: float = 0.02
+    shut_standoff: float = 0.025
+    shut_below_top: float = 0.015
+    shut_pitch: float = 1.0
+    shut_edge_inset: float = 0.008
     rotation_tolerance: float = 0.1
     knob_overturn: float = 0.35
     knob_pitch: float = 0.5
@@ -369,7 +389,7 @@ class ScriptedPlanner(SkillPhases):
         if s.phase == "lower":  # over the target, whatever stops the load is its support
             return reached or (blocked and xy < 2 * tol)  # (libero_10's basket floor is 5 cm
             # above the bottom of its region box, which the In test reads)
-        if s.phase in ("descend", "push_down"):
+        if s.phase in ("descend", "push_down", "shut_down"):
             return reached or (blocked and xy < 2 * tol and z < 3 * tol)
         if s.phase in ("close", "grip"):
             low, high = c.close_steps
@@ -382,7 +402,8 @@ class ScriptedPlanner(SkillPhases):
             return s.phase_steps >= c.settle_steps
         if s.phase == "wait":
             return not self._scene_moving() or s.phase_steps >= c.wait_steps
-        if s.phase in ("lift", "retreat", "reopen", "push_up"):  # vertical: the height matters
+        if s.phase in ("lift", "retreat", "reopen", "push_up", "shut_up"):  # vertical: the
+            # height matters
             return z < 2 * tol
         return self._skill_phase_done(xy, z, yaw, blocked)
 
@@ -405,9 +426,12 @@ class ScriptedPlanner(SkillPhases):
         if s.phase == "twist" and not self.scene.is_turned_on(step.obj):
             s.failure = f"the knob of {step.obj!r} did not turn on"
             return
+        if s.phase == "shut" and not self._drawer_there():
+            s.failure = f"the drawer of {step.region!r} stopped short of shut"
+            return
         order = self._order()
-        opened = s.phase == "handle_above" and self.scene.is_open(step.region)
-        if s.phase in (order[-1], "settle") or opened:
+        already = s.phase in ("handle_above", "shut_over") and self._drawer_there()
+        if s.phase in (order[-1], "settle") or already:
             self._next_step()
             return
         self._enter(order[order.index(s.phase) + 1])
@@ -534,7 +558,7 @@ class ScriptedPlanner(SkillPhases):
         up = position + np.array([0.0, 0.0, self.config.approach_height])
         return Waypoint(up, self._s.waypoint.yaw, OPEN)
 
-    _waypoint_reopen = _waypoint_push_up = _waypoint_retreat
+    _waypoint_reopen = _waypoint_push_up = _waypoint_shut_up = _waypoint_retreat
 
     def _waypoint_settle(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
@@ -601,11 +625,38 @@ class ScriptedPlanner(SkillPhases):
                 points = scene.object_points(step.obj)[:, :2]
                 middle = (points.min(axis=0) + points.max(axis=0)) / 2
                 centre = centre - (middle - scene.object_position(step.obj)[:2])
+            if step.relation == "in" and is_drawer_region(step.target):
+                centre = self._below_open_sky(centre, box)
             return centre, float(surface)
         if step.relation == "in":
             raise UnsupportedGoalError(f"(In {step.obj} {step.target}): target is not a region")
         top = float(scene.object_points(step.target)[:, 2].max())
         return scene.object_position(step.target)[:2], top
+
+    def _below_open_sky(self, centre: np.ndarray, box: RegionBox) -> np.ndarray:
+        """``centre`` (body xy ``(2,)``) moved out along the open drawer's axis, half-way
+        between the least shift that clears the held object's footprint of everything above
+        the drawer (the drawers above it and their handles) and the most that keeps it inside
+        the region (the drawer's front wall); ``centre`` when no shift clears them. libero_10's
+        bowl is 10.8 cm across and its bottom drawer leaves it 0 to 3 mm between the two."""
+        step, scene = self._step, self.scene
+        joint = scene.region_joint(step.target)
+        opened, closed = scene.open_close_qpos(step.target)
+        outward = (np.sign(opened - closed) * joint.axis)[:2]
+        outward = outward / max(float(np.linalg.norm(outward)), 1e-9)
+        footprint = scene.object_points(step.obj)[:, :2] - scene.object_position(step.obj)[:2]
+        footprint = footprint + centre
+        overhangs = [p[:, :2] for p in self._others(step.obj) if float(p[:, 2].min()) > box.high[2]]
+        corners = np.array(
+            [[x, y] for x in (box.low[0], box.high[0]) for y in (box.low[1], box.high[1])]
+        )
+        inside = float((corners @ outward).max() - (footprint @ outward).max())
+        clear = shift_clear(
+            footprint, overhangs, outward, reach=max(inside, 0.0) + 0.05, margin=0.0
+        )
+        if clear is None:
+            return centre
+        return centre + outward * (float(np.linalg.norm(clear)) + inside) / 2
 
     def _plan_clear(self) -> tuple[np.ndarray, float] | None:
         """Where :class:`ClearOf` puts its object (body xy ``(2,)``, table height), ``None``

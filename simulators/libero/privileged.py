@@ -205,6 +205,10 @@ class PrivilegedScene:
         """LIBERO's ``Open`` of a fixture region (a drawer past its open threshold)."""
         return bool(self.env.object_states_dict[region].is_open())
 
+    def is_closed(self, region: str) -> bool:
+        """LIBERO's ``Close`` of a fixture region (a drawer past its close threshold)."""
+        return bool(self.env.object_states_dict[region].is_close())
+
     def is_turned_on(self, obj: str) -> bool:
         """LIBERO's ``Turnon`` of a fixture (a stove's knob past its on threshold)."""
         return bool(self.env.object_states_dict[obj].turn_on())

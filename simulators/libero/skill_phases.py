@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulators.libero.goals import TurnOn, UnsupportedGoalError
-from simulators.libero.grasp import clear_yaw, down_rotation, path_obstacle_top, yaw_of
+from simulators.libero.goals import CloseDrawer, TurnOn, UnsupportedGoalError
+from simulators.libero.grasp import clear_yaw, down_rotation, path_obstacle_top, wrap_angle, yaw_of
 from simulators.libero.skills import FINGER_TIP, handle_grip, handle_part, push_path, tilt_towards
 
 OPEN, CLOSE = -1.0, 1.0
@@ -39,7 +39,7 @@ class Waypoint:
 
 class SkillPhases:
     """Waypoints and exit tests of the push (``push_*``), drawer (``handle_*``, ``pull``,
-    ``back_off``) and knob (``twist``) phases; a mixin of the scripted planner."""
+    ``back_off``; ``shut_*``) and knob (``twist``) phases; a mixin of the scripted planner."""
 
     def _skill_phase_done(self, xy: float, z: float, turn: float, blocked: bool) -> bool:
         """Exit conditions of the push, drawer and knob phases."""
@@ -48,8 +48,12 @@ class SkillPhases:
         if s.phase == "push":
             moved = self.scene.object_position(step.obj)[:2] - self._push_goal()
             return np.linalg.norm(moved) < c.push_tolerance
+        if s.phase == "shut_over":
+            if self._drawer_there():  # nothing to do
+                return True
+            return xy < tol and z < 2 * tol and turn < c.rotation_tolerance
         if s.phase == "handle_above":
-            if self.scene.is_open(step.region):  # nothing to do
+            if self._drawer_there():  # nothing to do
                 return True
             return xy < 2 * tol and z < 2 * tol and turn < c.rotation_tolerance
         if s.phase == "handle_front":
@@ -59,7 +63,10 @@ class SkillPhases:
         if s.phase == "pull":  # far enough, or stopped by the slide's end, and open
             _, _, distance = self._drawer()
             done = distance < 2 * c.pull_overshoot or s.still_steps >= 3
-            return done and self.scene.is_open(step.region)
+            return done and self._drawer_there()
+        if s.phase == "shut":  # far enough and closed, or stopped (shut or not)
+            _, _, distance = self._drawer()
+            return s.still_steps >= 3 or (distance < 2 * c.pull_overshoot and self._drawer_there())
         if s.phase == "back_off":
             return xy < 2 * tol and z < 2 * tol
         if s.phase == "twist":
@@ -153,17 +160,27 @@ class SkillPhases:
         return Waypoint(np.array([*target, waypoint.position[2]]), waypoint.yaw, CLOSE)
 
     def _drawer(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(handle points (K, 3), outward (3,), pull distance)`` of the step's drawer: the
-        direction in which it opens and how far it must still move (past the middle of the
-        open range by ``pull_overshoot``)."""
+        """``(handle points (K, 3), outward (3,), distance)`` of the step's drawer: the
+        direction in which it opens and how far it must still move to the step's goal (past
+        the middle of the open range, or of the close range, by ``pull_overshoot``)."""
         region = self._step.region
         joint = self.scene.region_joint(region)
         opened, closed = self.scene.open_close_qpos(region)
         sign = np.sign(opened - closed)  # the way the joint opens
         outward = sign * joint.axis
         handle = handle_part(self.scene.body_parts(joint.body), outward)
-        distance = max(0.0, sign * (opened - joint.qpos)) + self.config.pull_overshoot
-        return handle, outward, float(distance)
+        if isinstance(self._step, CloseDrawer):
+            remaining = sign * (joint.qpos - closed)
+        else:
+            remaining = sign * (opened - joint.qpos)
+        return handle, outward, float(max(0.0, remaining) + self.config.pull_overshoot)
+
+    def _drawer_there(self) -> bool:
+        """Whether the step's drawer already passes LIBERO's test of its goal (open / closed)."""
+        region = self._step.region
+        if isinstance(self._step, CloseDrawer):
+            return self.scene.is_closed(region)
+        return self.scene.is_open(region)
 
     def _waypoint_handle_above(self) -> Waypoint:
         """The hand turned for the handle high above its front waypoint: the turned hand
@@ -210,6 +227,56 @@ class SkillPhases:
         position, _ = self.scene.eef_pose()
         target = position + outward * min(distance, self.config.pull_speed)
         return Waypoint(target, 0.0, CLOSE, self._s.waypoint.rotation)
+
+    def _waypoint_shut_over(self) -> Waypoint:
+        """The hand of :meth:`_waypoint_shut_down`, above it, high enough to pass over
+        everything on the way."""
+        c = self.config
+        down = self._waypoint_shut_down()
+        position, _ = self.scene.eef_pose()
+        blocking = path_obstacle_top(
+            position[:2], down.position[:2], self._others(""), c.path_margin
+        )
+        height = max(down.position[2] + c.approach_height, blocking + c.path_clearance)
+        return Waypoint(np.array([*down.position[:2], height]), down.yaw, CLOSE, down.rotation)
+
+    def _waypoint_shut_down(self) -> Waypoint:
+        """Closed fingers in front of the drawer's front panel, ``shut_standoff`` off its face,
+        the tips ``shut_below_top`` under its top edge and ``shut_edge_inset`` in from its end
+        away from the robot, the closing axis along the panel (the least turn from the
+        current yaw), the hand tilted ``shut_pitch`` with the tips towards the cabinet.
+        libero_10's bottom drawer: pushed at the handle, the forearm lands on the cabinet's
+        near top corner 4 cm short of shut; upright, the hand's body (20 cm along the closing
+        axis) runs into the handles of the drawers above 2 to 17 mm short of shut."""
+        c = self.config
+        joint = self.scene.region_joint(self._step.region)
+        _, outward, _ = self._drawer()
+        parts = self.scene.body_parts(joint.body)
+        handle = handle_part(parts, outward)
+        side = np.cross([0.0, 0.0, 1.0], outward)  # horizontal, along the panel
+        # the front panel: of the pieces wider than the handle's bar (not its posts), the
+        # one furthest out
+        wide = [p for p in parts if np.ptp(p @ side) > np.ptp(handle @ side)]
+        panel = max(wide, key=lambda p: float(np.max(p @ outward)))
+        away = np.sign(float((panel.mean(axis=0) - self.scene.base_position()) @ side)) or 1.0
+        along = away * float((away * panel @ side).max()) - away * c.shut_edge_inset
+        front = float((panel @ outward).max())
+        spot = side * along + outward * (front + c.shut_standoff)  # xy in the (side, out) frame
+        tips = float(panel[:, 2].max()) - c.shut_below_top
+        _, rotation = self.scene.eef_pose()
+        heading = float(np.arctan2(side[1], side[0]))  # the closing axis along the panel
+        turns = (heading, heading - np.pi, heading + np.pi)
+        yaw = wrap_angle(min(turns, key=lambda a: abs(wrap_angle(a - yaw_of(rotation)))))
+        tilted = tilt_towards(down_rotation(yaw), -outward[:2], c.shut_pitch)
+        return Waypoint(np.array([*spot[:2], tips + FINGER_TIP]), yaw, CLOSE, tilted)
+
+    def _waypoint_shut(self) -> Waypoint:
+        """``pull_speed`` further into the cabinet along the drawer's axis (re-aimed every
+        step, no further than it still has to close): the fingers push the bar."""
+        _, outward, distance = self._drawer()
+        position, _ = self.scene.eef_pose()
+        target = position - outward * min(distance, self.config.pull_speed)
+        return Waypoint(target, self._s.waypoint.yaw, CLOSE, self._s.waypoint.rotation)
 
     def _waypoint_back_off(self) -> Waypoint:
         """Away from the released handle along the drawer's axis, and up."""

@@ -196,6 +196,28 @@ def clear_move(
     return None
 
 
+def shift_clear(
+    footprint: np.ndarray,
+    overhangs: Sequence[np.ndarray],
+    direction: np.ndarray,
+    reach: float,
+    margin: float,
+    cell: float = 0.0025,
+) -> np.ndarray | None:
+    """The shortest shift ``(2,)`` along unit ``direction`` ``(2,)`` (a multiple of ``cell``, at
+    most ``reach``) after which an object's xy ``footprint`` ``(K, 2)`` keeps ``margin`` from
+    the convex hull of every ``overhangs`` piece ``(Q, 2)``; ``None`` when none does (a bowl
+    lowered into an open bottom drawer must come down in front of the drawers above it and
+    their handles)."""
+    hull = convex_hull(footprint)
+    hulls = [convex_hull(piece) for piece in overhangs]
+    for k in range(int(np.floor(max(reach, 0.0) / cell + 1e-9)) + 1):
+        shift = direction * k * cell
+        if not any(polygons_overlap(hull + shift, other, margin) for other in hulls):
+            return shift
+    return None
+
+
 def slot_offset(
     low: np.ndarray, high: np.ndarray, slot: tuple[int, int], inset: float = 0.01
 ) -> np.ndarray:
