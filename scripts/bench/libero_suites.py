@@ -30,6 +30,10 @@ Run (2 idle cores: SFT cells 15-30 min per suite, each SRPO cell its budget + ev
 
     .venv/bin/python scripts/bench/libero_suites.py                      # SFT cells, 4 suites
     .venv/bin/python scripts/bench/libero_suites.py --rl-suites libero_object libero_goal
+
+A benchmark spread over sessions on machines that do not keep their run folders reports the
+suites run here and keeps the other suites' rows from the committed JSON (``--keep-from
+docs/benchmarks/libero_suites.json``; each kept row names its source, machine and args).
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--report", action="store_true",
         help="run nothing new: the table of the cells already finished",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep-from", type=Path, default=None,
+        help="an earlier libero_suites.json whose rows stand for the suites not in --suites",
     )  # fmt: skip
     return parser.parse_args(argv)
 
@@ -279,10 +287,24 @@ def plot(rows: list[dict[str, Any]], out: Path | None) -> Path:
     return common.save_figure(fig, NAME, out)
 
 
+def kept_rows(rows: list[dict[str, Any]], earlier: Path | None) -> list[dict[str, Any]]:
+    """``rows`` and, for every suite they lack, its row from an ``earlier`` JSON of this
+    benchmark (cells measured in another session, whose run folders are gone), marked with
+    where it came from; in :data:`SUITES` order."""
+    by_suite = {row["suite"]: row for row in rows}
+    if earlier is not None:
+        body = json.loads(earlier.read_text())
+        source = {"json": str(earlier), "machine": body["machine"], "args": body["args"]}
+        for row in body["suites"]:
+            if row["suite"] not in by_suite:
+                by_suite[row["suite"]] = {**row, "kept_from": row.get("kept_from", source)}
+    return [by_suite[suite] for suite in SUITES if suite in by_suite]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.runs = args.runs.resolve()
-    rows = [suite_row(args, suite) for suite in args.suites]
+    rows = kept_rows([suite_row(args, suite) for suite in args.suites], args.keep_from)
     common.print_table(task_table(rows))
     common.print_table(table(rows))
     payload = {

@@ -68,3 +68,25 @@ def test_the_table_says_which_cells_are_missing():
     assert table[0]["one-demo SFT"] == "58% (29/50)" and table[0]["SFT + SRPO"] == "90% (45/50)"
     assert table[1]["one-demo SFT"] == "-" and table[1]["SFT + SRPO"] == "not run"
     assert table[1]["RL wall min"] == "-"
+
+
+def test_rows_of_suites_not_run_here_are_kept_from_an_earlier_json(tmp_path: Path):
+    def row(suite: str, successes: int) -> dict:
+        return {"suite": suite, "sft_test": {"successes": successes, "episodes": 50}}
+
+    earlier = tmp_path / "libero_suites.json"
+    machine, args = {"commit": "abc1234"}, {"suites": "all"}
+    body = {"machine": machine, "args": args, "suites": [row(s, 7) for s in suites.SUITES]}
+    earlier.write_text(json.dumps(body))
+    rows = suites.kept_rows([row("libero_goal", 6)], earlier)
+    assert [r["suite"] for r in rows] == list(suites.SUITES)
+    goal = rows[suites.SUITES.index("libero_goal")]
+    assert goal["sft_test"]["successes"] == 6 and "kept_from" not in goal  # run here
+    spatial = rows[0]
+    assert spatial["sft_test"]["successes"] == 7
+    assert spatial["kept_from"] == {"json": str(earlier), "machine": machine, "args": args}
+    # a row kept twice keeps its first source
+    body["suites"][0]["kept_from"] = {"json": "older.json"}
+    earlier.write_text(json.dumps(body))
+    assert suites.kept_rows([], earlier)[0]["kept_from"] == {"json": "older.json"}
+    assert suites.kept_rows([row("libero_10", 0)], None) == [row("libero_10", 0)]
