@@ -287,24 +287,37 @@ def plot(rows: list[dict[str, Any]], out: Path | None) -> Path:
     return common.save_figure(fig, NAME, out)
 
 
-def kept_rows(rows: list[dict[str, Any]], earlier: Path | None) -> list[dict[str, Any]]:
+def read_earlier(path: Path | None) -> dict[str, Any] | None:
+    """The earlier JSON of ``--keep-from`` (read before any work starts), or ``None``."""
+    if path is None:
+        return None
+    try:
+        body = json.loads(path.read_text())
+        return {"source": {"json": str(path), "machine": body["machine"], "args": body["args"]},
+                "suites": list(body["suites"])}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(
+            f"error: --keep-from {path} is not a libero_suites.json ({err!r}). "
+            "Fix: give the JSON an earlier run wrote, e.g. docs/benchmarks/libero_suites.json"
+        ) from None
+
+
+def kept_rows(rows: list[dict[str, Any]], earlier: dict[str, Any] | None) -> list[dict[str, Any]]:
     """``rows`` and, for every suite they lack, its row from an ``earlier`` JSON of this
-    benchmark (cells measured in another session, whose run folders are gone), marked with
-    where it came from; in :data:`SUITES` order."""
+    benchmark (:func:`read_earlier`: cells measured in another session, whose run folders are
+    gone), marked with where it came from; in :data:`SUITES` order."""
     by_suite = {row["suite"]: row for row in rows}
-    if earlier is not None:
-        body = json.loads(earlier.read_text())
-        source = {"json": str(earlier), "machine": body["machine"], "args": body["args"]}
-        for row in body["suites"]:
-            if row["suite"] not in by_suite:
-                by_suite[row["suite"]] = {**row, "kept_from": row.get("kept_from", source)}
+    for row in earlier["suites"] if earlier else []:
+        if row["suite"] not in by_suite:
+            by_suite[row["suite"]] = {**row, "kept_from": row.get("kept_from", earlier["source"])}
     return [by_suite[suite] for suite in SUITES if suite in by_suite]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.runs = args.runs.resolve()
-    rows = kept_rows([suite_row(args, suite) for suite in args.suites], args.keep_from)
+    earlier = read_earlier(args.keep_from)
+    rows = kept_rows([suite_row(args, suite) for suite in args.suites], earlier)
     common.print_table(task_table(rows))
     common.print_table(table(rows))
     payload = {

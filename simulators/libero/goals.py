@@ -113,7 +113,8 @@ class OpenDrawer:
 
 @dataclass(frozen=True)
 class CloseDrawer:
-    """Push the drawer of cabinet region ``region`` shut (by its handle)."""
+    """Push the drawer of cabinet region ``region`` shut (by its front panel, beside the
+    handle)."""
 
     region: str
 

@@ -640,9 +640,7 @@ class ScriptedPlanner(SkillPhases):
         the region (the drawer's front wall); ``centre`` when no shift clears them. libero_10's
         bowl is 10.8 cm across and its bottom drawer leaves it 0 to 3 mm between the two."""
         step, scene = self._step, self.scene
-        joint = scene.region_joint(step.target)
-        opened, closed = scene.open_close_qpos(step.target)
-        outward = (np.sign(opened - closed) * joint.axis)[:2]
+        outward = scene.drawer_outward(step.target)[:2]
         outward = outward / max(float(np.linalg.norm(outward)), 1e-9)
         footprint = scene.object_points(step.obj)[:, :2] - scene.object_position(step.obj)[:2]
         footprint = footprint + centre

@@ -237,6 +237,12 @@ class PrivilegedScene:
             float(np.mean(ranges["default_close_ranges"])),
         )
 
+    def drawer_outward(self, region: str) -> np.ndarray:
+        """Unit direction ``(3,)`` in which the drawer of ``region`` opens (its joint's axis,
+        signed by which end of its range counts as open)."""
+        opened, closed = self.open_close_qpos(region)
+        return np.sign(opened - closed) * self.region_joint(region).axis
+
     def turn_on_qpos(self, obj: str) -> float:
         """Lower end of the fixture's ``default_turnon_ranges`` (a flat stove: 0.5 rad)."""
         ranges = self.env.get_object(obj).object_properties["articulation"]

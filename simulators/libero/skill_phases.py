@@ -167,7 +167,7 @@ class SkillPhases:
         joint = self.scene.region_joint(region)
         opened, closed = self.scene.open_close_qpos(region)
         sign = np.sign(opened - closed)  # the way the joint opens
-        outward = sign * joint.axis
+        outward = self.scene.drawer_outward(region)
         handle = handle_part(self.scene.body_parts(joint.body), outward)
         if isinstance(self._step, CloseDrawer):
             remaining = sign * (joint.qpos - closed)
@@ -249,9 +249,9 @@ class SkillPhases:
         near top corner 4 cm short of shut; upright, the hand's body (20 cm along the closing
         axis) runs into the handles of the drawers above 2 to 17 mm short of shut."""
         c = self.config
-        joint = self.scene.region_joint(self._step.region)
-        _, outward, _ = self._drawer()
-        parts = self.scene.body_parts(joint.body)
+        region = self._step.region
+        outward = self.scene.drawer_outward(region)
+        parts = self.scene.body_parts(self.scene.region_joint(region).body)
         handle = handle_part(parts, outward)
         side = np.cross([0.0, 0.0, 1.0], outward)  # horizontal, along the panel
         # the front panel: of the pieces wider than the handle's bar (not its posts), the
@@ -272,7 +272,7 @@ class SkillPhases:
 
     def _waypoint_shut(self) -> Waypoint:
         """``pull_speed`` further into the cabinet along the drawer's axis (re-aimed every
-        step, no further than it still has to close): the fingers push the bar."""
+        step, no further than it still has to close): the fingers push the front panel."""
         _, outward, distance = self._drawer()
         position, _ = self.scene.eef_pose()
         target = position - outward * min(distance, self.config.pull_speed)

@@ -78,7 +78,7 @@ def test_rows_of_suites_not_run_here_are_kept_from_an_earlier_json(tmp_path: Pat
     machine, args = {"commit": "abc1234"}, {"suites": "all"}
     body = {"machine": machine, "args": args, "suites": [row(s, 7) for s in suites.SUITES]}
     earlier.write_text(json.dumps(body))
-    rows = suites.kept_rows([row("libero_goal", 6)], earlier)
+    rows = suites.kept_rows([row("libero_goal", 6)], suites.read_earlier(earlier))
     assert [r["suite"] for r in rows] == list(suites.SUITES)
     goal = rows[suites.SUITES.index("libero_goal")]
     assert goal["sft_test"]["successes"] == 6 and "kept_from" not in goal  # run here
@@ -88,5 +88,12 @@ def test_rows_of_suites_not_run_here_are_kept_from_an_earlier_json(tmp_path: Pat
     # a row kept twice keeps its first source
     body["suites"][0]["kept_from"] = {"json": "older.json"}
     earlier.write_text(json.dumps(body))
-    assert suites.kept_rows([], earlier)[0]["kept_from"] == {"json": "older.json"}
+    kept = suites.kept_rows([], suites.read_earlier(earlier))
+    assert kept[0]["kept_from"] == {"json": "older.json"}
     assert suites.kept_rows([row("libero_10", 0)], None) == [row("libero_10", 0)]
+    # a missing file or another benchmark's JSON: one error line naming the fix, no rows
+    for bad in (tmp_path / "missing.json", tmp_path / "other.json"):
+        if bad.name == "other.json":
+            bad.write_text(json.dumps({"benchmark": "something_else"}))
+        with pytest.raises(SystemExit, match=r"^error: --keep-from .* Fix: give the JSON"):
+            suites.read_earlier(bad)
