@@ -14,7 +14,9 @@ worker, on the worker's device. It never reads weights from disk:
    vLLM's RPC. Prefix caching is off, so no cache outlives the old weights.
 3. On devices with vLLM sleep mode (CUDA), the engine sleeps between rollouts: its weights
    are offloaded and its KV cache freed, so the trainer has the GPU to itself while it
-   trains. On CPU the KV cache is bounded by ``memory_fraction`` of RAM instead.
+   trains. On CPU the KV cache has a fixed size instead (``kv_cache_gib``, 1 GiB by
+   default): vLLM's share-of-RAM rule there subtracts the engine process's own footprint
+   from a share of one NUMA node, which leaves nothing on a machine with small nodes.
 
 vLLM is imported only here, and only when an engine starts, so everything else works
 without it. Install it with ``bash scripts/install_vllm.sh`` (its own venv).
@@ -56,7 +58,12 @@ class VLLMOptions:
     Attributes:
         memory_fraction: vLLM's ``gpu_memory_utilization``: the share of GPU memory the engine
             may take for weights and KV cache (of RAM on CPU, where the KV cache is all of it).
-            ``null``: 0.5 on an accelerator, 0.05 on CPU.
+            ``null``: 0.5 on an accelerator; on CPU ``kv_cache_gib`` decides instead.
+        kv_cache_gib: the KV cache's size in GiB (vLLM's ``kv_cache_memory_bytes``); when
+            set, ``memory_fraction`` is ignored. ``null``: 1 GiB on CPU unless
+            ``memory_fraction`` is set (vLLM's CPU rule, share of one NUMA node minus the
+            engine process's resident memory, fails where that share is under ~0.8 GiB);
+            on an accelerator ``memory_fraction`` decides.
         dtype: the engine's weight dtype (``float32``, ``bfloat16``, ``float16``); ``auto``:
             the device's mixed-precision dtype (bfloat16 on CUDA/NPU), else the trainer's
             parameter dtype. Weights are cast as they are pushed.
@@ -68,6 +75,7 @@ class VLLMOptions:
     """
 
     memory_fraction: float | None = None
+    kv_cache_gib: float | None = None
     dtype: str = "auto"
     sleep: str = "auto"
     enforce_eager: bool = True
@@ -75,6 +83,7 @@ class VLLMOptions:
 
     def __post_init__(self) -> None:
         check_range("rollout.vllm.memory_fraction", self.memory_fraction, 0, 1, low_open=True)
+        check_range("rollout.vllm.kv_cache_gib", self.kv_cache_gib, 0, low_open=True)
         check_range("rollout.vllm.start_timeout_s", self.start_timeout_s, 0, low_open=True)
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(
@@ -82,6 +91,20 @@ class VLLMOptions:
             )
         if self.sleep not in ("auto", "on", "off"):
             raise ValueError(f"rollout.vllm.sleep must be auto, on or off, got {self.sleep!r}")
+
+
+CPU_KV_CACHE_GIB = 1.0
+
+
+def engine_memory_args(options: VLLMOptions, on_cpu: bool) -> dict[str, float | int]:
+    """vLLM's memory arguments for ``options``: an explicit KV-cache size in bytes, or a
+    share of the device's memory (see :class:`VLLMOptions`)."""
+    kv_cache_gib = options.kv_cache_gib
+    if kv_cache_gib is None and on_cpu and options.memory_fraction is None:
+        kv_cache_gib = CPU_KV_CACHE_GIB
+    if kv_cache_gib is not None:
+        return {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
+    return {"gpu_memory_utilization": options.memory_fraction or 0.5}
 
 
 WEIGHT_SEGMENT_PREFIX = "erl-vllm-"
@@ -223,7 +246,6 @@ class VLLMEngine:
         self._model_dir = tempfile.mkdtemp(prefix="erl-vllm-")
         policy.save_architecture(self._model_dir)
         self.sleep_enabled = self._sleep_enabled(options.sleep, platform.is_sleep_mode_available())
-        memory = options.memory_fraction or (0.05 if platform.is_cpu() else 0.5)
         started = time.perf_counter()
         # vLLM reads its start-up limit from the environment (its engine process inherits it).
         os.environ["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(options.start_timeout_s))
@@ -238,7 +260,7 @@ class VLLMEngine:
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
-            gpu_memory_utilization=memory,
+            **engine_memory_args(options, platform.is_cpu()),
             enforce_eager=options.enforce_eager,
             enable_prefix_caching=False,
             enable_sleep_mode=self.sleep_enabled,

@@ -24,6 +24,7 @@ from embodied_rl.registry import NODE_TYPES, POLICIES
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from embodied_rl.tasks.arithmetic import ArithmeticRewardConfig, score
 from rollout.llm import LLMRolloutConfig, llm_rollout
+from rollout.vllm_engine import VLLMOptions, engine_memory_args
 
 CPU = torch.device("cpu")
 OUTPUT_KEYS = (
@@ -184,12 +185,27 @@ def test_node_registration_and_config_validation():
         node.build_config({"backend": "vllm", "vllm": {"memory": 0.2}})
     with pytest.raises(NodeConfigError, match=r"memory_fraction must be in \(0, 1\]"):
         node.build_config({"backend": "vllm", "vllm": {"memory_fraction": 2.0}})
+    with pytest.raises(NodeConfigError, match=r"kv_cache_gib must be > 0"):
+        node.build_config({"backend": "vllm", "vllm": {"kv_cache_gib": 0}})
     with pytest.raises(NodeConfigError, match="unknown rollout backend 'sglang'"):
         node.build_config({"backend": "sglang"})
     with pytest.raises(NodeConfigError, match="n must be >= 1"):
         node.build_config({"n": 0})
     with pytest.raises(NodeConfigError, match="top_p"):
         node.build_config({"top_p": 0.0})
+
+
+def test_vllm_memory_args_fix_the_cpu_kv_cache_unless_a_share_is_asked_for():
+    # On CPU vLLM's share rule (share of a NUMA node minus the engine's own ~0.75 GiB) left a
+    # negative KV cache on a CI machine with 12 GiB nodes, so CPU gets a fixed size.
+    gib = 2**30
+    assert engine_memory_args(VLLMOptions(), on_cpu=True) == {"kv_cache_memory_bytes": gib}
+    assert engine_memory_args(VLLMOptions(), on_cpu=False) == {"gpu_memory_utilization": 0.5}
+    share = VLLMOptions(memory_fraction=0.3)
+    assert engine_memory_args(share, on_cpu=True) == {"gpu_memory_utilization": 0.3}
+    assert engine_memory_args(share, on_cpu=False) == {"gpu_memory_utilization": 0.3}
+    explicit = VLLMOptions(memory_fraction=0.3, kv_cache_gib=0.25)
+    assert engine_memory_args(explicit, on_cpu=False) == {"kv_cache_memory_bytes": gib // 4}
 
 
 @pytest.mark.skipif(
