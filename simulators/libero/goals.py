@@ -22,9 +22,12 @@ planner executes, in the order the file lists them:
   that puts something in that drawer (a goal is a conjunction, not a sequence: libero_10's
   "put the black bowl in the bottom drawer of the cabinet and close it" lists the ``Close``
   first);
-- ``(Turnon obj)``: :class:`TurnOn` (a stove's knob).
+- ``(Turnon obj)``: :class:`TurnOn` (a stove's knob);
+- ``(In obj <microwave>_heating_region)``: :class:`PutInside` (a roofed cavity behind a door:
+  the object goes in sideways, held by its handle);
+- ``(Close <microwave>)``: :class:`CloseDoor`, after every step that puts something in it.
 
-Other predicates (``Turnoff``, ``Open`` / ``Close`` of a microwave door, ...) are refused with
+Other predicates (``Turnoff``, ``Open`` of a microwave, ...) are refused with
 :class:`UnsupportedGoalError`.
 
 Goal semantics (LIBERO's ``predicates/base_predicates.py``):
@@ -37,7 +40,7 @@ Goal semantics (LIBERO's ``predicates/base_predicates.py``):
 - ``(Open region)``: the region's joint (a drawer's slide) is past the fixture's open
   threshold (a wooden cabinet's drawer: ``qpos < -0.14`` m, joint range -0.16 .. 0.01);
 - ``(Close region)``: the joint is past the close threshold (a cabinet's drawer:
-  ``qpos > 0.0`` m, fully in);
+  ``qpos > 0.0`` m, fully in; a microwave's door: ``qpos > -0.005`` rad, range -2.094 .. 0);
 - ``(Turnon obj)``: the fixture's knob joint is past its on threshold (a flat stove's
   knob: ``qpos >= 0.5`` rad, range -0.005 .. 2.1).
 """
@@ -50,9 +53,10 @@ from dataclasses import dataclass, replace
 PICK_PLACE_RELATIONS = ("in", "on")
 PUSHED_KINDS = ("plate",)  # 13.8 cm wide, 2 cm high: pushed along the table, never grasped
 DRAWER_LEVELS = ("top", "middle", "bottom")
+DOOR_KINDS = ("microwave",)  # fixtures with a hinged door in front of a roofed cavity
 HANDLED = (
     "(In obj region), (On obj target), (Open <cabinet>_<top|middle|bottom>_region), "
-    "(Close <cabinet>_<top|middle|bottom>_region) and (Turnon obj)"
+    "(Close <cabinet>_<top|middle|bottom>_region), (Close <microwave>) and (Turnon obj)"
 )
 
 Sexp = str | list["Sexp"]
@@ -120,13 +124,30 @@ class CloseDrawer:
 
 
 @dataclass(frozen=True)
+class PutInside:
+    """Put ``obj`` (a mug, by its handle) ``in`` the region ``target`` of a roofed cavity
+    behind a hinged door (``microwave_1_heating_region``): the hand, tilted, enters through
+    the door's opening (a top-down hand does not fit under the roof)."""
+
+    obj: str
+    target: str
+
+
+@dataclass(frozen=True)
+class CloseDoor:
+    """Swing the hinged door of fixture ``obj`` (``microwave_1``) shut."""
+
+    obj: str
+
+
+@dataclass(frozen=True)
 class TurnOn:
     """Turn the knob of fixture ``obj`` (e.g. ``flat_stove_1``) to on."""
 
     obj: str
 
 
-Step = PickPlace | Push | ClearOf | OpenDrawer | CloseDrawer | TurnOn
+Step = PickPlace | Push | ClearOf | OpenDrawer | CloseDrawer | TurnOn | PutInside | CloseDoor
 
 
 def _tokens(text: str) -> list[str]:
@@ -207,6 +228,21 @@ def is_drawer_region(name: str) -> bool:
     return "cabinet" in name and any(name.endswith(f"_{lv}_region") for lv in DRAWER_LEVELS)
 
 
+def is_door_fixture(name: str) -> bool:
+    """Whether ``name`` is a fixture with a hinged door (``microwave_1``)."""
+    return object_kind(name) in DOOR_KINDS
+
+
+def cavity_fixture(region: str) -> str:
+    """The fixture whose cavity ``region`` is: ``microwave_1_heating_region`` -> ``microwave_1``."""
+    return region.partition("_heating_")[0]
+
+
+def is_cavity_region(name: str) -> bool:
+    """Whether region ``name`` is inside a door fixture (``microwave_1_heating_region``)."""
+    return name.endswith("_heating_region") and is_door_fixture(cavity_fixture(name))
+
+
 def is_table_region(name: str) -> bool:
     """Whether ``name`` is a region of a table (``main_table_stove_front_region``)."""
     return name.endswith("_region") and "table_" in name
@@ -227,11 +263,15 @@ def _atom_steps(atom: GoalAtom, opened: set[str]) -> list[Step]:
         return [OpenDrawer(args[0])]
     if atom.predicate == "close" and len(args) == 1 and is_drawer_region(args[0]):
         return [CloseDrawer(args[0])]
+    if atom.predicate == "close" and len(args) == 1 and is_door_fixture(args[0]):
+        return [CloseDoor(args[0])]
     if atom.predicate == "turnon" and len(args) == 1:
         return [TurnOn(args[0])]
     if atom.predicate not in PICK_PLACE_RELATIONS or len(args) != 2:
         raise _unsupported(atom)
     obj, target = args
+    if atom.predicate == "in" and is_cavity_region(target):
+        return [PutInside(obj, target)]
     if atom.predicate == "on" and object_kind(obj) in PUSHED_KINDS and is_table_region(target):
         return [Push(obj, target)]
     steps: list[Step] = []
@@ -256,22 +296,27 @@ def goal_steps(atoms: tuple[GoalAtom, ...]) -> tuple[Step, ...]:
 
 
 def _closes_last(steps: list[Step]) -> list[Step]:
-    """Each :class:`CloseDrawer` moved after the last step that uses its drawer (puts
-    something in it, clears for it or opens it) when one comes after it; the others keep
-    their order."""
+    """Each :class:`CloseDrawer` / :class:`CloseDoor` moved after the last step that uses its
+    drawer / fixture (puts something in it, clears for it or opens it) when one comes after
+    it; the others keep their order."""
     out = list(steps)
-    for close in [step for step in steps if isinstance(step, CloseDrawer)]:
+    for close in [step for step in steps if isinstance(step, CloseDrawer | CloseDoor)]:
         here = out.index(close)
-        uses = [
-            i for i, s in enumerate(out) if i != here and close.region in (_target(s), _region(s))
-        ]
+        uses = [i for i, s in enumerate(out) if i != here and _uses(s, close)]
         if uses and uses[-1] > here:
             out.insert(uses[-1], out.pop(here))  # the last use is one place earlier now
     return out
 
 
+def _uses(step: Step, close: CloseDrawer | CloseDoor) -> bool:
+    """Whether ``step`` uses the drawer / door fixture that ``close`` shuts."""
+    if isinstance(close, CloseDoor):
+        return (_target(step) or "").startswith(f"{close.obj}_")
+    return close.region in (_target(step), _region(step))
+
+
 def _target(step: Step) -> str | None:
-    return step.target if isinstance(step, PickPlace | Push) else None
+    return step.target if isinstance(step, PickPlace | Push | PutInside) else None
 
 
 def _region(step: Step) -> str | None:

@@ -24,6 +24,9 @@ effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards
 - :class:`~simulators.libero.goals.TurnOn`: a grasp of the knob's ridge from above (the hand
   tilted towards the robot's base), a twist about the vertical past LIBERO's on threshold,
   open, back up.
+- :class:`~simulators.libero.goals.PutInside` (a mug into a microwave) and
+  :class:`~simulators.libero.goals.CloseDoor` (its door): see
+  :mod:`simulators.libero.cavity_phases`.
 
 Before the first step the planner waits (hand still, open) while any object moves faster
 than ``settle_speed``: setting some of libero_10's init states throws objects into the air.
@@ -58,12 +61,15 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
+from simulators.libero.cavity_phases import CLOSE_DOOR, PUT_INSIDE, CavityPhases
 from simulators.libero.goals import (
     ClearOf,
+    CloseDoor,
     CloseDrawer,
     OpenDrawer,
     PickPlace,
     Push,
+    PutInside,
     Step,
     TurnOn,
     UnsupportedGoalError,
@@ -99,8 +105,10 @@ PHASES = {
     ),
     CloseDrawer: ("shut_over", "shut_down", "shut", "shut_up"),
     TurnOn: ("approach", "descend", "close", "twist", "release", "retreat"),
+    PutInside: PUT_INSIDE,
+    CloseDoor: CLOSE_DOOR,
 }
-LIVE_PHASES = ("push", "pull", "shut", "twist")  # waypoints recomputed every step
+LIVE_PHASES = ("push", "pull", "shut", "twist", "swing")  # waypoints recomputed every step
 
 
 @dataclass
@@ -156,6 +164,18 @@ class PlannerConfig:
         knob_overturn: knobs: twist this far (rad) past the on threshold.
         knob_pitch: knobs: the hand's tilt (rad) about its closing axis, tips towards the
             robot's base.
+        side_tilt: putting inside a cavity: the hand's tilt (rad) from straight down, tips
+            into the cavity (a level hand's fingers slip round the handle; upright, its body
+            meets the roof's front edge) ...
+        side_grip_depth: ... the grip site this far below the handle bar's top ...
+        side_standoff: ... and this far back along the hand's axis before going in.
+        cavity_clearance: the held object's bottom above the cavity's floor as it goes in.
+        cavity_margin: the object keeps this far from the cavity's side walls; it waits,
+            and the finger tips end, this far outside the opening.
+        door_push_radius: doors: the fingers push this far from the hinge (the hand's body,
+            20 cm along the door, ends short of the handle at its free end) ...
+        door_standoff: ... and this far off the panel's outer face.
+        swing_lead: doors: the push aims this far (rad) ahead of the door's angle.
         clear_margin: clearing: the moved object keeps this far (xy) from the drawer's
             sweep (room for the fingers of the next grasp) ...
         place_gap: ... and this far from the objects standing on the table.
@@ -197,6 +217,14 @@ class PlannerConfig:
     rotation_tolerance: float = 0.1
     knob_overturn: float = 0.35
     knob_pitch: float = 0.5
+    side_tilt: float = 1.0
+    side_grip_depth: float = 0.02
+    side_standoff: float = 0.08
+    cavity_clearance: float = 0.02
+    cavity_margin: float = 0.02
+    door_push_radius: float = 0.12
+    door_standoff: float = 0.018
+    swing_lead: float = 0.25
     clear_margin: float = 0.04
     place_gap: float = 0.01
 
@@ -239,7 +267,7 @@ def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
     return quat[1:] / sin_half * 2.0 * np.arctan2(sin_half, quat[0])
 
 
-class ScriptedPlanner(SkillPhases):
+class ScriptedPlanner(SkillPhases, CavityPhases):
     """Waypoint skills through a sequence of goal steps (:data:`PHASES`).
 
     Call :meth:`act` once per env step with the scene in its current state; it returns the
@@ -402,7 +430,14 @@ class ScriptedPlanner(SkillPhases):
             return s.phase_steps >= c.settle_steps
         if s.phase == "wait":
             return not self._scene_moving() or s.phase_steps >= c.wait_steps
-        if s.phase in ("lift", "retreat", "reopen", "push_up", "shut_up"):  # vertical: the
+        if s.phase in (
+            "lift",
+            "retreat",
+            "reopen",
+            "push_up",
+            "shut_up",
+            "door_up",
+        ):  # vertical: the
             # height matters
             return z < 2 * tol
         return self._skill_phase_done(xy, z, yaw, blocked)
@@ -429,8 +464,15 @@ class ScriptedPlanner(SkillPhases):
         if s.phase == "shut" and not self._drawer_there():
             s.failure = f"the drawer of {step.region!r} stopped short of shut"
             return
+        if s.phase == "side_lift" and not self._holding(step.obj):
+            s.failure = f"the handle grasp of {step.obj!r} did not hold"
+            return
+        if s.phase == "swing" and not self._door_shut():
+            s.failure = f"the door of {step.obj!r} stopped short of shut"
+            return
         order = self._order()
         already = s.phase in ("handle_above", "shut_over") and self._drawer_there()
+        already = already or (s.phase == "door_rise" and self._door_shut())
         if s.phase in (order[-1], "settle") or already:
             self._next_step()
             return
@@ -558,7 +600,7 @@ class ScriptedPlanner(SkillPhases):
         up = position + np.array([0.0, 0.0, self.config.approach_height])
         return Waypoint(up, self._s.waypoint.yaw, OPEN)
 
-    _waypoint_reopen = _waypoint_push_up = _waypoint_shut_up = _waypoint_retreat
+    _waypoint_reopen = _waypoint_push_up = _waypoint_shut_up = _waypoint_door_up = _waypoint_retreat
 
     def _waypoint_settle(self) -> Waypoint:
         position, _ = self.scene.eef_pose()

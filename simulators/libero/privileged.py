@@ -55,12 +55,14 @@ class Joint:
         qpos: its position (metres for a slide, radians for a hinge).
         axis: ``(3,)`` world-frame unit axis: a slide moves its body by ``qpos * axis``.
         body: id of the body it moves (the drawer, the knob).
+        anchor: ``(3,)`` world point on the axis (a hinge turns its body about it).
     """
 
     name: str
     qpos: float
     axis: np.ndarray
     body: int
+    anchor: np.ndarray
 
 
 class PrivilegedScene:
@@ -206,7 +208,8 @@ class PrivilegedScene:
         return bool(self.env.object_states_dict[region].is_open())
 
     def is_closed(self, region: str) -> bool:
-        """LIBERO's ``Close`` of a fixture region (a drawer past its close threshold)."""
+        """LIBERO's ``Close`` of a fixture region or fixture (a drawer, a microwave's door,
+        past its close threshold)."""
         return bool(self.env.object_states_dict[region].is_close())
 
     def is_turned_on(self, obj: str) -> bool:
@@ -221,7 +224,7 @@ class PrivilegedScene:
         return self._joint(joints[0])
 
     def object_joint(self, obj: str) -> Joint:
-        """The articulation joint of fixture ``obj`` (a stove's knob)."""
+        """The articulation joint of fixture ``obj`` (a stove's knob, a microwave's door)."""
         joints = self.env.get_object(obj).joints
         if not joints:
             raise ValueError(f"object {obj!r} has no joint (it has no knob)")
@@ -236,6 +239,12 @@ class PrivilegedScene:
             float(np.mean(ranges["default_open_ranges"])),
             float(np.mean(ranges["default_close_ranges"])),
         )
+
+    def closed_qpos(self, obj: str) -> float:
+        """Middle of fixture ``obj``'s own ``default_close_ranges`` (a microwave's door:
+        -0.0025 rad)."""
+        ranges = self.env.get_object(obj).object_properties["articulation"]
+        return float(np.mean(ranges["default_close_ranges"]))
 
     def drawer_outward(self, region: str) -> np.ndarray:
         """Unit direction ``(3,)`` in which the drawer of ``region`` opens (its joint's axis,
@@ -265,6 +274,7 @@ class PrivilegedScene:
             qpos=float(self.data.qpos[self.model.jnt_qposadr[joint]]),
             axis=self.data.xaxis[joint].copy(),
             body=int(self.model.jnt_bodyid[joint]),
+            anchor=self.data.xanchor[joint].copy(),
         )
 
     def _collision_geoms(self, name: str) -> list[tuple[int, np.ndarray]]:

@@ -71,7 +71,7 @@ class SkillPhases:
             return xy < 2 * tol and z < 2 * tol
         if s.phase == "twist":
             return self._knob_turn() < c.knob_overturn / 2
-        raise AssertionError(f"unknown phase {s.phase}")
+        return self._cavity_phase_done(xy, z, turn, blocked)
 
     def _hand(self, yaw: float) -> np.ndarray | None:
         """The eef rotation of a grasp at ``yaw``: ``None`` (straight down) but for a knob,
@@ -186,9 +186,23 @@ class SkillPhases:
         """The hand turned for the handle high above its front waypoint: the turned hand
         reaches about 10 cm below the site, so it is lowered only where it will stay (a
         diagonal descent sweeps it through the bowls in front of the cabinet)."""
+        return self._raised(self._waypoint_handle_front())
+
+    def _raised(self, front: Waypoint) -> Waypoint:
+        """``front`` (a turned hand's waypoint) raised until the hand, turned, passes over
+        everything between the eef and it."""
         c = self.config
-        front = self._waypoint_handle_front()
         position, _ = self.scene.eef_pose()
+        drop = -float(self._hand_corners(front.rotation)[:, 2].min())
+        others = self._others("")  # every object and fixture
+        blocking = path_obstacle_top(position[:2], front.position[:2], others, c.path_margin)
+        height = max(front.position[2], position[2], blocking + drop + c.path_clearance)
+        front.position = np.array([*front.position[:2], height])
+        return front
+
+    def _hand_corners(self, rotation: np.ndarray) -> np.ndarray:
+        """Corners ``(8 * parts, 3)`` of the gripper's boxes relative to the eef, in world
+        axes, with the hand at ``rotation (3, 3)``."""
         corners = [
             np.array([x, y, z])
             for low, high in self.scene.gripper_boxes()
@@ -196,12 +210,7 @@ class SkillPhases:
             for y in (low[1], high[1])
             for z in (low[2], high[2])
         ]
-        drop = -min(float((front.rotation @ corner)[2]) for corner in corners)
-        others = self._others("")  # every object and fixture
-        blocking = path_obstacle_top(position[:2], front.position[:2], others, c.path_margin)
-        height = max(front.position[2], position[2], blocking + drop + c.path_clearance)
-        front.position = np.array([*front.position[:2], height])
-        return front
+        return np.array(corners) @ rotation.T
 
     def _waypoint_handle_front(self) -> Waypoint:
         """The hand turned for the handle (nearly horizontal), ``handle_standoff`` in front

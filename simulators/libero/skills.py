@@ -10,7 +10,10 @@ Pure functions on world-frame points ``(K, 3)`` (collision geom vertices / corne
 - :func:`knob_grip_points`: the raised grip of a knob (what the fingers close on);
 - :func:`push_path`: a path for a pushed disc (a plate) around the objects on the table;
 - :func:`clear_move`: the shortest move of an object out of a keep-out area (a drawer's
-  sweep) and away from the other objects.
+  sweep) and away from the other objects;
+- :func:`ray_hit`, :func:`handle_bar`, :func:`widest_gap`, :func:`door_push_point`: a
+  microwave's cavity seen from inside, a mug's handle, where the hand passes the opening,
+  where fingers push a hinged door shut.
 """
 
 from __future__ import annotations
@@ -230,3 +233,88 @@ def slot_offset(
         axis = int(np.argmax(extent))
         offset[axis] = (k - (n - 1) / 2) * (extent[axis] - 2 * inset) / (n - 1)
     return offset
+
+
+def ray_hit(
+    origin: np.ndarray, direction: np.ndarray, parts: Sequence[np.ndarray], reach: float
+) -> float | None:
+    """How far the ray ``origin + t * direction`` (both ``(3,)``, direction unit) runs, within
+    ``0 <= t <= reach``, before it enters the first of ``parts`` (points ``(K, 3)`` each, taken
+    as their axis-aligned boxes); ``None`` when it meets none. A cavity's walls, floor and
+    roof seen from inside it."""
+    origin, direction = np.asarray(origin, float), np.asarray(direction, float)
+    nearest = None
+    for part in parts:
+        low, high = part.min(axis=0), part.max(axis=0)
+        enter, leave = 0.0, reach
+        for k in range(3):
+            if abs(direction[k]) < 1e-12:
+                if not low[k] <= origin[k] <= high[k]:
+                    break
+                continue
+            a, b = (low[k] - origin[k]) / direction[k], (high[k] - origin[k]) / direction[k]
+            enter, leave = max(enter, min(a, b)), min(leave, max(a, b))
+        else:
+            if enter <= leave and (nearest is None or enter < nearest):
+                nearest = enter
+    return nearest
+
+
+def handle_bar(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """A mug's handle: of its collision pieces ``(K, 3)`` each, the one whose centre lies
+    furthest (xy) from the middle of all pieces' centres (LIBERO's mugs: the handle's outer
+    bar, 8.3 cm from the cup's axis, 1.8 cm thick, 5.8 cm tall)."""
+    centres = np.array([(p.min(axis=0) + p.max(axis=0)) / 2 for p in parts])
+    middle = np.median(centres[:, :2], axis=0)
+    return parts[int(np.argmax(np.linalg.norm(centres[:, :2] - middle, axis=1)))]
+
+
+def long_axis(points_xy: np.ndarray) -> np.ndarray:
+    """The unit direction ``(2,)`` along which ``points_xy (K, 2)`` spread most (a door
+    panel's length); its sign is arbitrary."""
+    centred = points_xy - points_xy.mean(axis=0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    return vt[0]
+
+
+def turn_xy(vector: np.ndarray, angle: float) -> np.ndarray:
+    """``vector (2,)`` turned by ``angle`` (rad, counter-clockwise seen from above)."""
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([c * vector[0] - s * vector[1], s * vector[0] + c * vector[1]])
+
+
+def door_push_point(
+    hinge_xy: np.ndarray, along: np.ndarray, closing: float, radius: float, standoff: float
+) -> np.ndarray:
+    """Where closed fingers push a hinged door shut ``(2,)``: ``radius`` from the hinge along
+    the door (unit ``along (2,)``, hinge to free end), ``standoff`` off the hinge line on the
+    side the door turns away from (``closing``: +1 when it shuts turning counter-clockwise
+    seen from above, -1 clockwise)."""
+    along = np.asarray(along, float)
+    moving = closing * np.array([-along[1], along[0]])  # where a door point goes as it shuts
+    return np.asarray(hinge_xy, float) + radius * along - standoff * moving
+
+
+def widest_gap(
+    feasible: tuple[float, float],
+    body: tuple[float, float],
+    obstacles: Sequence[tuple[float, float]],
+    cell: float = 0.001,
+) -> float:
+    """The position ``g`` in ``feasible`` (low, high) at which the interval ``body`` shifted
+    by ``g`` keeps the most distance from every ``obstacles`` interval (1-D; the distance is
+    negative while they overlap): where the hand (20 cm across its closing axis) passes a
+    microwave's opening between its door and its control panel. ``feasible``'s middle when
+    there is no obstacle; its low end when it is empty."""
+    low, high = feasible
+    if high <= low:
+        return low
+    if not obstacles:
+        return (low + high) / 2
+    candidates = np.arange(low, high + cell / 2, cell)
+    starts = candidates[:, None] + body[0]
+    ends = candidates[:, None] + body[1]
+    first = np.array([o[0] for o in obstacles])[None, :]
+    last = np.array([o[1] for o in obstacles])[None, :]
+    gaps = np.maximum(first - ends, starts - last)  # > 0: apart; < 0: overlapping
+    return float(candidates[int(np.argmax(gaps.min(axis=1)))])

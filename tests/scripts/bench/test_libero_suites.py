@@ -24,11 +24,12 @@ def _write(path: Path, rows: list[tuple[int, int, int, int]]) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libero") is None, reason="LIBERO is not installed")
-def test_libero_10s_microwave_task_gets_no_demo_and_says_why():
-    handled, unsupported = suites.planner_tasks("libero_10")
-    assert handled == [0, 1, 2, 3, 4, 5, 6, 7, 8]
-    assert list(unsupported) == [9] and "(close microwave_1)" in unsupported[9]
-    assert suites.planner_tasks("libero_object") == (list(range(10)), {})
+def test_the_planner_handles_every_task_of_the_four_suites_and_says_why_not_elsewhere():
+    for suite in ("libero_object", "libero_spatial", "libero_goal", "libero_10"):
+        assert suites.planner_tasks(suite) == (list(range(10)), {})
+    handled, unsupported = suites.planner_tasks("libero_90")
+    assert list(unsupported) == [35, 39] and "(open microwave_1)" in unsupported[35]
+    assert len(handled) == 88
 
 
 def test_srpo_runs_only_on_the_rl_suites_with_the_suites_episode_length(tmp_path: Path):
