@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulators.libero.goals import CloseDoor, UnsupportedGoalError, cavity_fixture
+from simulators.libero.goals import UnsupportedGoalError, cavity_fixture
 from simulators.libero.grasp import down_rotation, path_obstacle_top, wrap_angle, yaw_of
 from simulators.libero.skill_phases import CLOSE, OPEN, Waypoint
 from simulators.libero.skills import (
@@ -132,22 +132,24 @@ class CavityPhases:
             inward = -inward
         parts = self.scene.object_parts(fixture)
 
-        def wall(direction: np.ndarray) -> float:
-            hit = ray_hit(centre, direction, parts, _REACH)
+        def wall(direction_xy: np.ndarray | None, up: float = 0.0) -> float:
+            """How far from the centre the fixture is met along ``direction_xy`` (or up /
+            down: ``up`` +1 / -1)."""
+            xy = np.zeros(2) if direction_xy is None else direction_xy
+            hit = ray_hit(centre, np.array([*xy, up]), parts, _REACH)
             if hit is None:
-                raise UnsupportedGoalError(f"{region!r} has no wall, floor or roof to {direction}")
+                raise UnsupportedGoalError(f"{region!r} is open to {xy} / {up}: not a cavity")
             return hit
 
-        flat = lambda v: np.array([v[0], v[1], 0.0])  # noqa: E731
         across_at = float(centre[:2] @ shut_along)
         return Cavity(
             inward=inward,
             across=shut_along,
             mouth=float(door.hinge[:2] @ inward),
-            back=float(centre[:2] @ inward) + wall(flat(inward)),
-            sides=(across_at - wall(flat(-shut_along)), across_at + wall(flat(shut_along))),
-            floor=float(centre[2]) - wall(np.array([0.0, 0.0, -1.0])),
-            roof=float(centre[2]) + wall(np.array([0.0, 0.0, 1.0])),
+            back=float(centre[:2] @ inward) + wall(inward),
+            sides=(across_at - wall(-shut_along), across_at + wall(shut_along)),
+            floor=float(centre[2]) - wall(None, up=-1.0),
+            roof=float(centre[2]) + wall(None, up=1.0),
         )
 
     def _side_rotation(self, inward: np.ndarray) -> np.ndarray:
@@ -244,15 +246,11 @@ class CavityPhases:
         grip = self._handle_grip()
         return Waypoint(grip.position, 0.0, OPEN, self._s.waypoint.rotation)
 
-    def _side_stay(self, gripper: float) -> Waypoint:
-        waypoint = self._s.waypoint
-        return Waypoint(waypoint.position.copy(), 0.0, gripper, waypoint.rotation)
-
     def _waypoint_side_close(self) -> Waypoint:
-        return self._side_stay(CLOSE)
+        return self._stay(CLOSE)
 
     def _waypoint_side_release(self) -> Waypoint:
-        return self._side_stay(OPEN)
+        return self._stay(OPEN)
 
     def _waypoint_side_lift(self) -> Waypoint:
         """Straight up by ``approach_height``, and at least to the insertion height."""
@@ -356,29 +354,17 @@ class CavityPhases:
     def _door_shut(self) -> bool:
         return self.scene.is_closed(self._step.obj)
 
-    def _cavity_phase_done(self, xy: float, z: float, turn: float, blocked: bool) -> bool:
-        """Exit conditions of the ``side_*``, ``door_*`` and ``swing`` phases."""
+    def _cavity_phase_done(self, xy: float, z: float, turn: float) -> bool:
+        """Exit conditions of the ``side_*``, ``door_*`` and ``swing`` phases that the
+        planner's own tests (gripper, contact, carrying) do not cover."""
         s, c = self._s, self.config
         tol = c.position_tolerance
-        reached = xy < tol and z < tol and turn < c.rotation_tolerance
-        if s.phase in ("side_close",):
-            low, high = c.close_steps
-            return s.phase_steps >= high or (s.phase_steps >= low and s.gripper_settled)
-        if s.phase == "side_release":
-            low, high = c.release_steps
-            opened = s.gripper_settled and self.scene.finger_opening() >= c.release_opening
-            return s.phase_steps >= high or (s.phase_steps >= low and opened)
-        if s.phase in ("side_in", "side_lower", "door_down"):  # contact stops them: arrived
-            return reached or (blocked and xy < 2 * tol and z < 3 * tol)
-        if s.phase in ("side_carry", "side_insert"):  # a held load can stop the arm short
-            stalled = s.still_steps >= 3 and xy < 3 * tol
-            return (reached or stalled) and z < 3 * tol
-        if s.phase == "door_rise" and isinstance(self._step, CloseDoor) and self._door_shut():
+        if s.phase == "door_rise" and self._door_shut():
             return True  # nothing to do
         if s.phase == "swing":
             return self._door_shut() or s.still_steps >= 3
         if s.phase in ("side_high", "door_rise", "door_turn", "door_over"):
             return xy < 2 * tol and z < 2 * tol and turn < c.rotation_tolerance
         if s.phase in PUT_INSIDE + CLOSE_DOOR:
-            return reached
+            return xy < tol and z < tol and turn < c.rotation_tolerance
         raise AssertionError(f"unknown phase {s.phase}")

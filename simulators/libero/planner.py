@@ -411,18 +411,20 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         blocked = s.still_steps >= 2 and s.phase_steps >= 4
         if s.phase in ("approach", "push_over"):
             return xy < tol and z < 2 * tol and yaw < c.yaw_tolerance
-        if s.phase == "carry":  # a held load can stop the arm short: near and still is enough
+        if s.phase in ("carry", "side_carry", "side_insert"):  # a held load can stop the arm
+            # short: near and still is enough
             stalled = s.still_steps >= 3 and xy < 3 * tol
             return (xy < tol or stalled) and z < 3 * tol
         if s.phase == "lower":  # over the target, whatever stops the load is its support
             return reached or (blocked and xy < 2 * tol)  # (libero_10's basket floor is 5 cm
             # above the bottom of its region box, which the In test reads)
-        if s.phase in ("descend", "push_down", "shut_down"):
+        if s.phase in ("descend", "push_down", "shut_down", "side_in", "side_lower", "door_down"):
             return reached or (blocked and xy < 2 * tol and z < 3 * tol)
-        if s.phase in ("close", "grip"):
+        if s.phase in ("close", "grip", "side_close"):
             low, high = c.close_steps
             return s.phase_steps >= high or (s.phase_steps >= low and s.gripper_settled)
-        if s.phase == "release":  # fingers still pinching (a cream cheese) are not settled
+        if s.phase in ("release", "side_release"):  # fingers still pinching (a cream
+            # cheese) are not settled
             low, high = c.release_steps
             opened = s.gripper_settled and self.scene.finger_opening() >= c.release_opening
             return s.phase_steps >= high or (s.phase_steps >= low and opened)

@@ -71,7 +71,7 @@ class SkillPhases:
             return xy < 2 * tol and z < 2 * tol
         if s.phase == "twist":
             return self._knob_turn() < c.knob_overturn / 2
-        return self._cavity_phase_done(xy, z, turn, blocked)
+        return self._cavity_phase_done(xy, z, turn)
 
     def _hand(self, yaw: float) -> np.ndarray | None:
         """The eef rotation of a grasp at ``yaw``: ``None`` (straight down) but for a knob,
