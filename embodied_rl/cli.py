@@ -140,6 +140,11 @@ def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace demo files that --out already holds (refused otherwise)",
     )
+    cmd.add_argument(
+        "--videos",
+        action="store_true",
+        help="also write an MP4 of every demo (agent camera, instruction, step) to --out/videos",
+    )
 
 
 def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
@@ -161,6 +166,7 @@ def _run_demos(args: argparse.Namespace) -> int:
             resume=args.resume,
             progress=not args.no_progress,
             overwrite=args.overwrite,
+            videos=args.videos,
         )
     except ImportError as err:  # the simulator package (LIBERO) is missing: its message says so
         raise ConfigError(

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from embodied_rl.data.demos import DemoEpisode, write_demo_file
 from embodied_rl.runtime.config import ConfigError
+from embodied_rl.video import write_video
 from simulators.libero.env import LiberoConfig, LiberoVectorEnv
 from simulators.libero.goals import Step, UnsupportedGoalError
 from simulators.libero.planner import PlannerConfig, ScriptedPlanner
@@ -187,6 +188,21 @@ def run_episode(
     return EpisodeResult(init_state_id, success, len(actions), failure, episode)
 
 
+def write_demo_videos(out: Path, task: TaskInfo, results: Sequence[EpisodeResult]) -> list[Path]:
+    """One MP4 per recorded episode, ``<out>/videos/<task name>_init<k>.mp4``: the agent
+    camera as the demo file holds it, the instruction above, the step below, SUCCESS on the
+    last second (LIBERO runs at 20 Hz; the video plays at that rate)."""
+    paths = []
+    for result in results:
+        if result.episode is None:
+            continue
+        frames = result.episode.agentview_rgb
+        path = out / "videos" / f"{task.name}_init{result.init_state_id}.mp4"
+        labels = [f"step {t}" for t in range(len(frames))]
+        paths.append(write_video(path, frames, 20, task.instruction, "SUCCESS", labels=labels))
+    return paths
+
+
 def demo_path(out: Path, task: TaskInfo) -> Path:
     """``<out>/<task name>_demo.hdf5``: where the demos of ``task`` are written."""
     return out / f"{task.name}_demo.hdf5"
@@ -273,6 +289,7 @@ def run_task(
     bar: tqdm,
     config: PlannerConfig,
     overwrite: bool = False,
+    videos: bool = False,
 ) -> tuple[list[EpisodeResult], Path | None]:
     """Run the planner on ``task`` from each init state in one env, then close it.
 
@@ -281,6 +298,7 @@ def run_task(
             ``out`` (``None``: no cameras, nothing written; the report's fast mode).
         bar: progress bar, advanced once per episode.
         overwrite: replace an existing demo file of the task.
+        videos: also write an MP4 of each written episode (:func:`write_demo_videos`).
 
     Returns:
         The episode results and the demo file written (``None`` if none).
@@ -295,6 +313,8 @@ def run_task(
         path = None
         if image_size and out is not None:
             path = write_task_demos(out, suite, task, vec, results, overwrite)
+            if videos and path is not None:
+                write_demo_videos(out, task, results)
         for result in results:
             result.episode = None  # frames are large; the file has them
         return results, path

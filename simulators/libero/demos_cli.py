@@ -184,6 +184,7 @@ def demos_command(
     progress: bool = True,
     config: PlannerConfig | None = None,
     overwrite: bool = False,
+    videos: bool = False,
 ) -> int:
     """Write scripted demos of ``tasks`` from ``init_states`` and optionally the report.
 
@@ -198,6 +199,7 @@ def demos_command(
             not run again (see :func:`finished_reports`).
         overwrite: replace demo files that exist in ``out`` (otherwise they are refused
             before any episode runs).
+        videos: also write an MP4 of every demo, ``out/videos/<task name>_init<k>.mp4``.
 
     Returns:
         The exit status (0).
@@ -251,6 +253,7 @@ def demos_command(
                     bar,
                     config,
                     overwrite,
+                    videos,
                 )
                 tqdm.write(_demo_line(task, results, path))
             if report and task.task_id in done:

@@ -23,6 +23,7 @@ import pytest
 from embodied_rl.cli import main
 from embodied_rl.data.demos import load_demo, scan_demo_file
 from embodied_rl.runtime.config import ConfigError
+from embodied_rl.video import read_video
 from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
 from simulators.libero.demos_cli import TaskReport, finished_reports, summarise, write_report
 from simulators.libero.goals import (
@@ -680,9 +681,12 @@ def test_planner_waits_until_thrown_objects_land(env, ten_env):
 def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
     out = tmp_path / "demos"
     args = ["demos", "--tasks", "1", "--init-states", "0", "--image-size", "32", "--out"]
-    assert main([*args, str(out), "--no-progress"]) == 0
+    assert main([*args, str(out), "--no-progress", "--videos"]) == 0
     name = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
     (info,) = scan_demo_file(out / f"{name}_demo.hdf5")
+    # --videos: the demo as an MP4, one frame per step, upscaled with caption and step bands
+    video = read_video(out / "videos" / f"{name}_init0.mp4")
+    assert video.shape[0] == info.length and video.shape[1] > 32 and video.shape[3] == 3
     assert info.instruction == "pick up the cream cheese and place it in the basket"
     assert info.init_state_id == 0 and info.image_shape == (32, 32, 3)
     assert 40 < info.length < 200
