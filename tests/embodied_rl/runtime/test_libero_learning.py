@@ -97,7 +97,7 @@ def test_one_demo_sft_replays_its_task_to_success(sft_run):
 OFT_STEPS = 6
 
 
-@pytest.mark.timeout(1800)  # 6-16 minutes: BENCHMARKS.md, "The VLA's slow test"
+@pytest.mark.timeout(1800)  # 6-24 minutes: BENCHMARKS.md, "The VLA's slow test"
 def test_srpo_raises_the_shipped_oft_policy_on_its_task(tmp_path):
     """The main job (``srpo_oft_libero``: OpenVLA-OFT from the shipped one-demo SFT
     checkpoint, SRPO on libero_object task 0's 40 training init states, 4 groups x 8 episodes
@@ -105,7 +105,7 @@ def test_srpo_raises_the_shipped_oft_policy_on_its_task(tmp_path):
 
     Measured on 2 idle cores (BENCHMARKS.md, "The VLA's slow test"): rollout success (32
     episodes a step), first three steps -> last three, on an AMD EPYC machine 0.32 -> 0.58 (6.3
-    minutes); on an Intel Xeon machine 0.34 -> 0.49 (16 minutes; the float results, hence the
+    minutes); on an Intel Xeon machine 0.34 -> 0.49 (16-24 minutes; the float results, hence the
     sampled episodes, differ between the two CPUs). The same run at lr 1e-9 (the seeded draws
     of init states alone): 0.10 -> 0.16 on both; with the advantages negated (AMD): 0.10 ->
     0.00. A reward that does not favour success, advantages that do not rank the group, or a
