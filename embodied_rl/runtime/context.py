@@ -115,13 +115,43 @@ class PrefixedMetrics:
         self.sink.log(self.prefix + name, value, weight, reduce)
 
 
+class SideDagMetrics:
+    """The view of a worker's sink for the nodes of a DAG other than the training one (the
+    evaluation's), which logs into the same step's metrics.
+
+    Under their plain names, an evaluation's metrics would merge into the training step's:
+    its greedy episodes into ``rollout/success_rate`` (a weighted mean of both), its loader's
+    epoch into ``data/epoch``, its simulation time into ``time/rollout/simulate``. So
+    ``time/x`` becomes ``time/<dag>/x`` (beside the executor's ``time/<dag>/<node>``), a name
+    under one of ``own`` (the report's ``eval/success_rate``) stays, and any other name gets
+    ``<dag>/``: ``eval/rollout/success_rate``.
+    """
+
+    def __init__(self, sink: MetricSink | PrefixedMetrics, dag: str, own: tuple[str, ...]):
+        self.sink, self.dag = sink, dag
+        self.own = tuple(f"{prefix}/" for prefix in {dag, *own})
+
+    def log(self, name: str, value: float, weight: float = 1.0, reduce: str = "mean") -> None:
+        if name.startswith("time/"):
+            name = f"time/{self.dag}/{name.removeprefix('time/')}"
+        elif not name.startswith(self.own):
+            name = f"{self.dag}/{name}"
+        self.sink.log(name, value, weight, reduce)
+
+
 def node_metrics(
-    sink: MetricSink, branch: str | None, agent: str | None
-) -> MetricSink | PrefixedMetrics:
+    sink: MetricSink,
+    branch: str | None,
+    agent: str | None,
+    dag: str = "train",
+    own: tuple[str, ...] = (),
+) -> MetricSink | PrefixedMetrics | SideDagMetrics:
     """Where a node logs: the worker's sink, under ``<branch>/`` and ``<agent>/`` when the
-    node belongs to a branch or an agent (``llm/tens/actor/pg_loss``)."""
+    node belongs to a branch or an agent (``llm/tens/actor/pg_loss``); a node of another DAG
+    than ``train`` through :class:`SideDagMetrics` (``own``: the prefixes it keeps)."""
     prefix = "".join(f"{part}/" for part in (branch, agent) if part is not None)
-    return PrefixedMetrics(sink, prefix) if prefix else sink
+    metrics = PrefixedMetrics(sink, prefix) if prefix else sink
+    return metrics if dag == "train" else SideDagMetrics(metrics, dag, own)
 
 
 def _combine(a: float, wa: float, b: float, wb: float, reduce: str) -> tuple[float, float]:
@@ -171,7 +201,7 @@ class NodeContext:
     models: Any
     state: dict[str, Any]
     step: int
-    metrics: MetricSink | PrefixedMetrics
+    metrics: MetricSink | PrefixedMetrics | SideDagMetrics
     device: torch.device
     run_dir: Path
     shared: dict[str, Any] = field(default_factory=dict)

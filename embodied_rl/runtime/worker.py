@@ -168,7 +168,7 @@ class DAGWorker:
             state=state,
             shared=self.shared,
             step=0,
-            metrics=node_metrics(self.sink, node.branch, node.agent),
+            metrics=node_metrics(self.sink, node.branch, node.agent, name, (self.eval_cfg.name,)),
             device=self.device,
             run_dir=self.run_dir,
             seed_fn=self._seed_for,

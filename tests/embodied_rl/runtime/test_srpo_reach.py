@@ -37,6 +37,9 @@ def test_srpo_trains_checkpoints_and_evaluates_with_videos(tmp_path):
     assert "eval/success_rate" in lines[-1]  # evaluated after the last step
     # ... and before the first (eval.at_start): the starting policy, in step 0's row.
     assert "eval/success_rate" in lines[0]
+    for m in (lines[0], lines[-1]):  # the evaluations' episodes are logged apart
+        assert m["eval/rollout/success_rate"] == pytest.approx(m["eval/success_rate"])
+        assert "time/eval/rollout/simulate" in m and "eval/data/epoch" in m
     results = (result.run_dir / "eval" / "results.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in results] == [0, 2]
     assert (result.run_dir / "eval" / "step_000000" / "report.html").exists()
