@@ -9,6 +9,7 @@ choice of the episodes to show (the same on every rank); the output folder of a 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,30 +105,40 @@ def gather_episodes(ctx: NodeContext, local: list[Episode]) -> list[Episode]:
 def select_videos(episodes: Sequence[Episode], max_videos: int) -> list[Episode]:
     """Episodes to record, the same on every rank given the same gathered list.
 
-    Per task, the candidates alternate success, failure, success, ... in gathered order,
-    keeping the first episode of each (init state, outcome). Tasks then take turns (in task
+    Per task, the videos alternate success, failure, success, ..., keeping one episode per
+    (init state, outcome), then show the outcome that has more. Tasks take turns (in task
     order) until ``max_videos`` are chosen, so every task gets a video before any gets two.
+    Each pick among the episodes of one (task, outcome) takes the one whose writer has the
+    fewest chosen videos so far, then the first gathered: a rank replays the videos it
+    writes one after another, so spread over the ranks they take a fraction of the time
+    (the main job's two 256 px videos: about 115 s on one rank).
     """
-    per_task: dict[int, tuple[list[Episode], list[Episode]]] = {}
+    per_kind: dict[tuple[int, bool], list[Episode]] = {}
     seen: set[tuple[int, int, bool]] = set()
     for e in episodes:
         key = (e.task, e.init_state, e.success)
-        if key in seen:
-            continue
-        seen.add(key)
-        successes, failures = per_task.setdefault(e.task, ([], []))
-        (successes if e.success else failures).append(e)
+        if key not in seen:
+            seen.add(key)
+            per_kind.setdefault((e.task, e.success), []).append(e)
     queues = []
-    for task in sorted(per_task):
-        successes, failures = per_task[task]
-        mixed = [e for pair in zip(successes, failures) for e in pair]
-        longer = successes if len(successes) > len(failures) else failures
-        queues.append(mixed + longer[min(len(successes), len(failures)) :])
-    chosen: list[Episode] = []
+    for task in sorted({task for task, _ in per_kind}):
+        successes = len(per_kind.get((task, True), ()))
+        failures = len(per_kind.get((task, False), ()))
+        outcomes = [True, False] * min(successes, failures)
+        outcomes += [successes > failures] * abs(successes - failures)
+        queues.append([(task, outcome) for outcome in outcomes])
+    kinds: list[tuple[int, bool]] = []
     depth = 0
-    while len(chosen) < max_videos and any(depth < len(q) for q in queues):
-        chosen += [q[depth] for q in queues if depth < len(q)][: max_videos - len(chosen)]
+    while len(kinds) < max_videos and any(depth < len(q) for q in queues):
+        kinds += [q[depth] for q in queues if depth < len(q)][: max_videos - len(kinds)]
         depth += 1
+    chosen: list[Episode] = []
+    load: Counter[int] = Counter()
+    for kind in kinds:
+        pool = per_kind[kind]
+        pick = min(range(len(pool)), key=lambda i: (load[pool[i].writer], i))
+        chosen.append(pool.pop(pick))
+        load[chosen[-1].writer] += 1
     return chosen
 
 

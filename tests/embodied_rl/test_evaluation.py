@@ -221,6 +221,22 @@ def test_select_videos_order_dedup_and_limits():
     assert [e.index for e in written_videos(episodes)] == [5, 3, 0]  # flagged, in that order
 
 
+def test_select_videos_spreads_the_replays_over_the_writers():
+    """The main job's start: 10 held-out states of one task over 2 ranks, successes 14 (rank
+    0) and 29 (rank 1). The failure comes from the rank without a video yet, not the first
+    gathered (rank 0's init 4), so each rank replays one video instead of rank 0 both."""
+
+    def ep(init, success, index, writer):
+        return Episode(0, init, success, "x", writer, index, writer, False)
+
+    episodes = [ep(4, False, 0, 0), ep(14, True, 1, 0), ep(9, False, 2, 0)]
+    episodes += [ep(29, True, 3, 1), ep(34, False, 4, 1)]
+    assert [e.index for e in select_videos(episodes, 2)] == [1, 4]
+    assert [e.index for e in select_videos(episodes, 4)] == [1, 4, 3, 0]
+    one_rank = [e for e in episodes if e.writer == 0]
+    assert [e.index for e in select_videos(one_rank, 2)] == [1, 0]  # gathered order
+
+
 # --- two gloo ranks -----------------------------------------------------------------------
 WORLD = 2
 SHARDS = {
