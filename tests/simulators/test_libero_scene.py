@@ -1,5 +1,5 @@
 """The ``libero`` simulator's scenes and renderers: soft resets that are bit for bit hard
-resets, scenes kept by task around a shared renderer, one GL context per task and per thread,
+resets, env steps that are bit for bit robosuite's, scenes kept by task around a shared renderer, one GL context per task and per thread,
 scene models without texture pixels.
 
 One module-scoped env of ``libero_common.OPTIONS`` serves most tests (its reset mode is
@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS
-from simulators.libero.scene import with_shared_textures, without_texture_pixels
+from simulators.libero.scene import (
+    step_with_split_substeps,
+    with_shared_textures,
+    without_texture_pixels,
+)
 from tests.simulators.libero_common import INIT, MOVES, OPTIONS, SIZE, TASK, requires_libero
 
 # Sparse-Jacobian structure arrays: scratch memory MuJoCo leaves unwritten when the Jacobian
@@ -88,6 +92,47 @@ def test_soft_reset_is_a_hard_reset_also_after_another_episode(env):
         if h_model is not None:
             _assert_same_arrays(s_model, h_model, "mjModel after the reset")
     assert not np.allclose(hard[0][0].state, hard[-1][0].state, atol=1e-3)  # MOVES moved
+
+
+def _robosuite_step_records(env, step) -> list:
+    """Reset to ``(TASK, INIT)``, then take MOVES twice (the env's max_steps) with ``step(robosuite_env,
+    action)``: per step the observation dict, every mjData array, the state captured for the
+    image and the robot's policy-step buffers (force-torque from acceleration-stage sensors)."""
+    env.reset([TASK], [INIT])
+    scene = env.scene(0)
+    robot = scene.env.robots[0]
+    records = []
+    for action in np.concatenate([MOVES] * 2):
+        obs = step(scene.env, list(action))
+        buffers = (robot.recent_ee_forcetorques.current, robot.recent_ee_acc.current)
+        records.append(
+            (
+                {k: np.array(v) for k, v in obs.items()},
+                _arrays(scene.data, SPARSE_SCRATCH),
+                _arrays(scene._observed, SPARSE_SCRATCH),
+                [np.array(b) for b in buffers],
+            )
+        )
+    return records
+
+
+@pytest.mark.libero
+@requires_libero
+def test_split_substeps_compute_what_robosuites_step_computes(env):
+    robosuite_steps = _robosuite_step_records(env, lambda raw, action: raw.step(action)[0])
+    split_steps = _robosuite_step_records(env, step_with_split_substeps)
+    for t, (expected, got) in enumerate(zip(robosuite_steps, split_steps)):
+        assert expected[0].keys() == got[0].keys()
+        for name in expected[0]:
+            np.testing.assert_array_equal(got[0][name], expected[0][name], f"step {t}: {name}")
+        _assert_same_arrays(got[1], expected[1], f"mjData after step {t}")
+        _assert_same_arrays(got[2], expected[2], f"observed mjData at step {t}")
+        for got_buffer, expected_buffer in zip(got[3], expected[3]):
+            np.testing.assert_array_equal(got_buffer, expected_buffer)
+    assert "forward" not in vars(env.scene(0).env.sim)  # robosuite's own forward again
+    first, last = robosuite_steps[0][0], robosuite_steps[-1][0]
+    assert not np.allclose(first["robot0_eef_pos"], last["robot0_eef_pos"], atol=1e-3)
+    assert np.abs(robosuite_steps[-1][3][0]).max() > 0  # the force sensor read something
 
 
 @pytest.mark.libero
