@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS
+from simulators.libero.render import outside_view
 from simulators.libero.scene import (
     step_with_split_substeps,
     with_shared_textures,
@@ -133,6 +134,40 @@ def test_split_substeps_compute_what_robosuites_step_computes(env):
     first, last = robosuite_steps[0][0], robosuite_steps[-1][0]
     assert not np.allclose(first["robot0_eef_pos"], last["robot0_eef_pos"], atol=1e-3)
     assert np.abs(robosuite_steps[-1][3][0]).max() > 0  # the force sensor read something
+
+
+@pytest.mark.libero
+@requires_libero
+def test_geoms_out_of_view_are_left_out_and_the_frames_are_the_same(env):
+    env.reset([TASK], [INIT])
+    env.step(MOVES[:1])
+    scene, renderer = env.scene(0), env._assets[TASK].renderer
+    assert renderer.culls  # no reflections (the default), LIBERO's lights cast no shadows
+    model, data = scene.model, scene.data
+    groups = model.geom_group.copy()
+    for camera in ("agentview", "robot0_eye_in_hand"):
+        hidden = outside_view(model, data, model.camera(camera).id)
+        assert 0 < hidden.size < (model.geom_group == 1).sum()
+        culled = renderer.render(model, data, camera, SIZE)
+        renderer.culls = False
+        try:
+            whole = renderer.render(model, data, camera, SIZE)
+        finally:
+            renderer.culls = True
+        np.testing.assert_array_equal(culled, whole, camera)
+        assert culled.std() > 10  # a drawn scene, not a flat colour
+    np.testing.assert_array_equal(model.geom_group, groups)  # groups put back
+    # A geom moved behind the camera is outside; one on its axis in front is inside.
+    agentview = model.camera("agentview").id
+    geom = int(np.flatnonzero((model.geom_group == 1) & (model.geom_rbound > 0))[0])
+    axis = data.cam_xmat[agentview].reshape(3, 3)[:, 2]  # the camera looks along -axis
+    saved = data.geom_xpos[geom].copy()
+    try:
+        for distance, expected in ((-1.0, False), (1.0 + model.geom_rbound[geom], True)):
+            data.geom_xpos[geom] = data.cam_xpos[agentview] + distance * axis
+            assert (geom in outside_view(model, data, agentview)) == expected
+    finally:
+        data.geom_xpos[geom] = saved
 
 
 @pytest.mark.libero
