@@ -1,0 +1,159 @@
+"""What a LIBERO env chunk costs, with and without the two exact shortcuts, side by side.
+
+Two A/B comparisons in one process, alternating the sides so that a noisy machine affects both
+alike:
+
+- **physics**: an env chunk (8 env steps of seeded random actions, then one 64 px agentview
+  observation) of 4 envs of one task stepped with robosuite's own ``env.step`` loop against
+  :func:`simulators.libero.scene.step_with_split_substeps` (our scenes' step): MuJoCo's
+  pipeline once per physics substep instead of three times. Checked: both sides end every
+  repeat in the same proprio states.
+- **frames**: one frame of each camera drawn with and without leaving out the geoms outside
+  the camera's view (:func:`simulators.libero.render.outside_view`). Checked: the same pixels.
+
+Run (about 4 minutes on 2 idle cores)::
+
+    .venv/bin/python scripts/bench/libero_step_parts.py            # docs/benchmarks/libero_step_parts.json
+    .venv/bin/python scripts/bench/libero_step_parts.py --suites libero_goal --out /tmp/parts
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import common
+import numpy as np
+
+NAME = "libero_step_parts"
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+CHUNK = 8
+ENVS = 4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suites", nargs="+", default=["libero_object", "libero_goal"])
+    parser.add_argument("--chunks", type=int, default=10, help="env chunks per repeat")
+    parser.add_argument("--repeats", type=int, default=2, help="per side, alternating")
+    parser.add_argument("--frames", type=int, default=8, help="per camera and side")
+    parser.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks")
+    return parser.parse_args(argv)
+
+
+def robosuite_step(scene, action) -> dict:
+    """robosuite's own step loop (LIBERO's ``ControlEnv.step``), for the reference side."""
+    return scene.env.step(list(action))[0]
+
+
+def time_chunks(env, chunks: int) -> tuple[float, np.ndarray]:
+    """Seconds per env chunk over ``chunks`` chunks from the init states, and the final states."""
+    env.reset([0] * ENVS, list(range(ENVS)))
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for c in range(chunks):
+        actions = rng.uniform(-0.5, 0.5, size=(ENVS, CHUNK, 7)).astype(np.float32)
+        actions[..., 6] = 1.0 if c >= chunks // 2 else -1.0  # open, then close the gripper
+        result = env.step_chunk(actions)
+    return (time.perf_counter() - start) / (chunks * ENVS), result.obs.state.copy()
+
+
+def physics_row(suite: str, args: argparse.Namespace) -> dict:
+    from embodied_rl.registry import SIMULATORS
+    from simulators.libero import scene as scene_module
+
+    options = {"suite": suite, "image_size": 64, "max_steps": 400, "cameras": ["agentview"]}
+    env = SIMULATORS.get("libero")(options, ENVS)
+    split_step = scene_module.LiberoScene.step
+    seconds = {"robosuite": [], "split": []}
+    states = {}
+    try:
+        for _ in range(args.repeats):
+            for side in ("robosuite", "split"):
+                scene_module.LiberoScene.step = (
+                    robosuite_step if side == "robosuite" else split_step
+                )
+                spent, states[side] = time_chunks(env, args.chunks)
+                seconds[side].append(spent)
+    finally:
+        scene_module.LiberoScene.step = split_step
+        env.close()
+    if not np.array_equal(states["robosuite"], states["split"]):
+        raise AssertionError(f"{suite}: the split step reached other states than robosuite's")
+    robosuite_ms, split_ms = (1000 * min(seconds[s]) for s in ("robosuite", "split"))
+    return {
+        "suite": suite,
+        "part": f"env chunk ({CHUNK} steps + 1 frame)",
+        "reference": "robosuite step loop",
+        "reference ms": robosuite_ms,
+        "ours": "split substeps",
+        "ours ms": split_ms,
+        "ours/reference": split_ms / robosuite_ms,
+        "check": "same states",
+    }
+
+
+def frame_rows(suite: str, args: argparse.Namespace) -> list[dict]:
+    from embodied_rl.registry import SIMULATORS
+    from simulators.libero.render import outside_view
+
+    env = SIMULATORS.get("libero")({"suite": suite, "image_size": 64, "max_steps": 400}, 1)
+    rows = []
+    try:
+        env.reset([0], [0])
+        scene, renderer = env.scene(0), env._assets[0].renderer
+        model, data = scene.model, scene.data
+        for camera in CAMERAS:
+            seconds = {True: 0.0, False: 0.0}
+            frames = {}
+            for repeat in range(args.frames + 1):  # the first of each side is a warm-up
+                for culls in (True, False):
+                    renderer.culls = culls
+                    start = time.perf_counter()
+                    frames[culls] = renderer.render(model, data, camera, 64)
+                    if repeat:
+                        seconds[culls] += time.perf_counter() - start
+            renderer.culls = True
+            if not np.array_equal(frames[True], frames[False]):
+                raise AssertionError(f"{suite} {camera}: culled pixels differ")
+            whole_ms, culled_ms = (1000 * seconds[c] / args.frames for c in (False, True))
+            rows.append(
+                {
+                    "suite": suite,
+                    "part": f"{camera} frame, 64 px",
+                    "reference": "every geom",
+                    "reference ms": whole_ms,
+                    "ours": f"{len(outside_view(model, data, model.camera(camera).id))} "
+                    "geoms out of view left out",
+                    "ours ms": culled_ms,
+                    "ours/reference": culled_ms / whole_ms,
+                    "check": "same pixels",
+                }
+            )
+    finally:
+        env.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = []
+    for suite in args.suites:
+        rows.append(physics_row(suite, args))
+        rows.extend(frame_rows(suite, args))
+    common.print_table(rows)
+    payload = {
+        "command": " ".join(
+            [".venv/bin/python", "scripts/bench/libero_step_parts.py", *sys.argv[1:]]
+        ),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+    }
+    common.write_results(NAME, payload, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
