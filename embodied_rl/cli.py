@@ -145,6 +145,12 @@ def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also write an MP4 of every demo (agent camera, instruction, step) to --out/videos",
     )
+    cmd.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run this many tasks at once, each in its own process (default: 1; the same files)",
+    )
 
 
 def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
@@ -167,6 +173,7 @@ def _run_demos(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             overwrite=args.overwrite,
             videos=args.videos,
+            processes=args.processes,
         )
     except ImportError as err:  # the simulator package (LIBERO) is missing: its message says so
         raise ConfigError(

@@ -10,8 +10,10 @@ and tasks whose goal the planner does not handle.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +187,7 @@ def demos_command(
     config: PlannerConfig | None = None,
     overwrite: bool = False,
     videos: bool = False,
+    processes: int = 1,
 ) -> int:
     """Write scripted demos of ``tasks`` from ``init_states`` and optionally the report.
 
@@ -200,6 +203,8 @@ def demos_command(
         overwrite: replace demo files that exist in ``out`` (otherwise they are refused
             before any episode runs).
         videos: also write an MP4 of every demo, ``out/videos/<task name>_init<k>.mp4``.
+        processes: run the tasks in this many spawned processes at once (a task's episodes
+            stay in one process, in order): the same files and report, one task per core.
 
     Returns:
         The exit status (0).
@@ -211,6 +216,8 @@ def demos_command(
     out = Path(out)
     if image_size < 1:
         raise ConfigError(f"--image-size {image_size} must be >= 1", "use e.g. 128 or 64")
+    if processes < 1:
+        raise ConfigError(f"--processes {processes} must be >= 1", "use 1, or the cores to use")
     infos = suite_tasks(suite)
     task_ids = _resolve(tasks, len(infos))
     check_request(infos, task_ids, [] if init_states is None else list(init_states), out)
@@ -232,43 +239,125 @@ def demos_command(
     done = finished_reports(out, suite, infos) if resume else {}
     if done:
         tqdm.write(f"resuming: tasks {sorted(done)} are in {out / 'report.json'} already")
-    total = sum(len(ids) for ids in demo_ids.values())
-    total += sum(t.num_init_states for t in runnable if t.task_id not in done) if report else 0
-    reports = []
+    jobs = {
+        t.task_id: TaskJob(
+            suite,
+            t,
+            goals[t.task_id],
+            demo_ids[t.task_id],
+            image_size,
+            out,
+            config,
+            overwrite,
+            videos,
+            report and t.task_id not in done,
+        )
+        for t in runnable
+    }
+    reports: dict[int, TaskReport] = {}
+    total = sum(job.episodes for job in jobs.values())
     with tqdm(total=total, desc=f"{suite} episodes", disable=not progress) as bar:
         for task in selected:
             steps = goals[task.task_id]
             if isinstance(steps, str):
                 tqdm.write(f"task {task.task_id} ({task.name}): skipped, {steps}")
-                reports.append(_unsupported(task, steps))
-                continue
-            if demo_ids[task.task_id]:
-                results, path = run_task(
-                    suite,
-                    task,
-                    steps,
-                    demo_ids[task.task_id],
-                    image_size,
-                    out,
-                    bar,
-                    config,
-                    overwrite,
-                    videos,
-                )
-                tqdm.write(_demo_line(task, results, path))
-            if report and task.task_id in done:
-                reports.append(done[task.task_id])
-            elif report:
-                ids = range(task.num_init_states)
-                results, _ = run_task(suite, task, steps, ids, None, None, bar, config)
-                reports.append(summarise(task, results))
-                tqdm.write(_report_line(reports[-1]))
-                write_report(out, suite, reports)  # so far: a long run shows its progress
+                reports[task.task_id] = _unsupported(task, steps)
+            elif report and task.task_id in done:
+                reports[task.task_id] = done[task.task_id]
+        for task_id, outcome in _run_jobs(jobs, processes, bar):
+            task = jobs[task_id].task
+            if jobs[task_id].demo_ids:
+                tqdm.write(_demo_line(task, outcome.demos, outcome.demo_file))
+            if outcome.report is not None:
+                reports[task_id] = summarise(task, outcome.report)
+                tqdm.write(_report_line(reports[task_id]))
+                write_report(out, suite, _in_order(reports, task_ids))  # so far: the progress
+    reports = _in_order(reports, task_ids)
     if report:
         json_path, md_path = write_report(out, suite, reports)
         print(report_markdown(suite, reports), end="")
         print(f"report: {json_path} and {md_path}")
     return 0
+
+
+@dataclass(frozen=True)
+class TaskJob:
+    """What one task runs: its demos (``demo_ids``, may be empty), then, if ``report``, every
+    official init state without cameras."""
+
+    suite: str
+    task: TaskInfo
+    steps: tuple[Step, ...]
+    demo_ids: list[int]
+    image_size: int
+    out: Path
+    config: PlannerConfig
+    overwrite: bool
+    videos: bool
+    report: bool
+
+    @property
+    def episodes(self) -> int:
+        return len(self.demo_ids) + (self.task.num_init_states if self.report else 0)
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """A finished :class:`TaskJob`: the demo episodes (recordings dropped: they are in the
+    file), the file written, and the report's episodes (``None``: no report)."""
+
+    demos: list[EpisodeResult]
+    demo_file: Path | None
+    report: list[EpisodeResult] | None
+
+
+def run_job(job: TaskJob, bar: tqdm | None = None) -> TaskOutcome:
+    """Run ``job`` in this process, advancing ``bar`` (if any) once per episode."""
+    bar = bar if bar is not None else tqdm(disable=True)
+    demos, path = [], None
+    if job.demo_ids:
+        demos, path = run_task(
+            job.suite,
+            job.task,
+            job.steps,
+            job.demo_ids,
+            job.image_size,
+            job.out,
+            bar,
+            job.config,
+            job.overwrite,
+            job.videos,
+        )
+    report = None
+    if job.report:
+        ids = range(job.task.num_init_states)
+        report, _ = run_task(job.suite, job.task, job.steps, ids, None, None, bar, job.config)
+    light = [replace(r, episode=None) for r in demos]  # the recordings are in the file
+    return TaskOutcome(light, path, report)
+
+
+def _run_jobs(
+    jobs: dict[int, TaskJob], processes: int, bar: tqdm
+) -> Iterator[tuple[int, TaskOutcome]]:
+    """``(task id, outcome)`` of every job: in task order in this process, or in the order
+    they finish in ``processes`` spawned ones (fork would copy GL and MuJoCo state)."""
+    work = {task_id: job for task_id, job in jobs.items() if job.episodes}
+    if processes == 1 or len(work) < 2:
+        for task_id, job in work.items():
+            yield task_id, run_job(job, bar)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(processes, len(work)), mp_context=context) as pool:
+        futures = {pool.submit(run_job, job): task_id for task_id, job in work.items()}
+        for future in as_completed(futures):
+            task_id = futures[future]
+            bar.update(work[task_id].episodes)
+            yield task_id, future.result()
+
+
+def _in_order(reports: dict[int, TaskReport], order: Sequence[int]) -> list[TaskReport]:
+    """The reports there are, in the order the tasks were asked for."""
+    return [reports[task_id] for task_id in order if task_id in reports]
 
 
 def _unsupported(task: TaskInfo, reason: str) -> TaskReport:

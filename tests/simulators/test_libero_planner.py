@@ -680,8 +680,13 @@ def test_planner_waits_until_thrown_objects_land(env, ten_env):
 @requires_libero
 def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
     out = tmp_path / "demos"
-    args = ["demos", "--tasks", "1", "--init-states", "0", "--image-size", "32", "--out"]
-    assert main([*args, str(out), "--no-progress", "--videos"]) == 0
+    # Two tasks in two processes (one per core): each writes its own file.
+    args = ["demos", "--tasks", "1", "2", "--init-states", "0", "--image-size", "32", "--out"]
+    assert main([*args, str(out), "--no-progress", "--videos", "--processes", "2"]) == 0
+    assert sorted(p.name for p in out.glob("*.hdf5")) == [
+        "pick_up_the_cream_cheese_and_place_it_in_the_basket_demo.hdf5",
+        "pick_up_the_salad_dressing_and_place_it_in_the_basket_demo.hdf5",
+    ]
     name = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
     (info,) = scan_demo_file(out / f"{name}_demo.hdf5")
     # --videos: the demo as an MP4, one frame per step, upscaled with caption and step bands
@@ -728,6 +733,7 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
             r"no selected task of libero_90 has a goal the planner handles \(goal \(open micro",
         ),
         (["--image-size", "0"], "--image-size 0 must be >= 1"),
+        (["--processes", "0"], "--processes 0 must be >= 1"),
         (["--tasks", "0", "--resume"], "--resume continues a --report run. Fix: add --report"),
     ],
 )
