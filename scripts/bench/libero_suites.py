@@ -111,7 +111,8 @@ def demos_command(suite: str, tasks: list[int], inits: tuple[int, ...], out: Pat
     return cli(
         "demos", "--suite", suite, "--tasks", *map(str, tasks),
         "--init-states", *map(str, inits),
-        "--image-size", "64", "--no-progress", "--overwrite", "--out", str(out),
+        "--image-size", "64", "--no-progress", "--overwrite", "--processes", "2",
+        "--out", str(out),
     )  # fmt: skip
 
 

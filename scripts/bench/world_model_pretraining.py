@@ -73,7 +73,8 @@ def demos_command(args: argparse.Namespace, out: Path) -> list[str]:
     inits = [str(i) for i in args.train_inits + args.validation_inits]
     return cli(
         "demos", "--suite", args.suite, "--tasks", "all", "--init-states", *inits,
-        "--image-size", "64", "--no-progress", "--overwrite", "--out", str(out),
+        "--image-size", "64", "--no-progress", "--overwrite", "--processes", "2",
+        "--out", str(out),
     )  # fmt: skip
 
 
