@@ -354,8 +354,9 @@ class LiberoScene:
     def step(self, action: Sequence[float]) -> dict:
         """One env step (25 physics substeps); robosuite's raw observation dict.
 
-        The same numbers as robosuite's own ``env.step`` (tested bit for bit), in about two
-        thirds of the time: :func:`step_with_split_substeps`.
+        The same numbers as robosuite's own ``env.step`` (tested bit for bit), faster
+        (:func:`step_with_split_substeps`; BENCHMARKS.md, "One pipeline pass per physics
+        substep").
         """
         return step_with_split_substeps(self._env, list(action))
 
