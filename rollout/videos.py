@@ -5,9 +5,9 @@ without videos and keeps what its env was sent, ENV_ACTIONS ``(B, T, C, A)``. Th
 chooses the episodes to show over all ranks (:func:`~embodied_rl.eval_episodes.select_videos`
 on the gathered metadata: the same choice on every rank, spread over the tasks, successes and
 failures), and each rank replays the chosen episodes it holds on the same vector env: reset
-to ``(task, init state)``, then the ``C`` actions of every policy step one env step at a
-time, drawing a ``video_size`` frame (``env.render(video_size)``, whatever the policy's image
-size) after the reset and after every env step. A video thus has ``env steps + 1`` frames,
+to ``(task, init state)``, then the ``C`` actions of every policy step as a chunk
+(``env.step_filmed``), with a ``video_size`` frame (whatever the policy's image size) after
+the reset (``env.render(video_size)``) and after every env step. A video thus has ``env steps + 1`` frames,
 the instruction above them, ``step k`` below and, on its last second, the outcome in green
 or red (:class:`~embodied_rl.video.VideoWriter`: frames are written one by one, so memory
 holds ``fps`` frames per env, not an episode).
@@ -15,10 +15,10 @@ holds ``fps`` frames per env, not an episode).
 Why a replay: only the episodes that get a video pay for their frames (at most
 ``max_videos`` over all ranks; with LIBERO on CPUs a 256 px frame costs several times the
 physics of a step), and training rollouts (``keep_actions: false``) pay nothing. Frames are
-drawn only for the replayed episodes still running (``render(size, envs)``); the spare envs
-of a wave are left out of its reset (``active``: not simulated), and the simulator draws the
-policy's observations at every env step (``step`` returns them); waves group episodes of
-similar length. ``scripts/bench/eval_videos.py`` measures what the videos cost.
+drawn only for the replayed episodes still running; the spare envs of a wave are left out
+of its reset (``active``: not simulated); the policy's observations are drawn once per chunk,
+as in the rollout (``step_filmed``; stepping one action at a time drew them at every env step,
+which doubled a LIBERO video's cost); waves group episodes of similar length. ``scripts/bench/eval_videos.py`` measures what the videos cost.
 
 Simulators are deterministic (the same ``(task, init state, actions)`` give the same
 episode: ``simulators/checker.py`` tests it, and the process pool relies on it to recover
@@ -186,10 +186,10 @@ class _Recording:
         return 0
 
 
-def _actions_at(wave: Sequence[Replay], t: int, c: int) -> np.ndarray:
-    """``(len(wave), A)``: action ``c`` of policy step ``t`` of each (zeros past its end)."""
+def _chunk_at(wave: Sequence[Replay], t: int) -> np.ndarray:
+    """``(len(wave), C, A)``: the actions of policy step ``t`` of each (zeros past its end)."""
     return np.stack(
-        [r.actions[t, c] if t < len(r.actions) else np.zeros_like(r.actions[0, 0]) for r in wave]
+        [r.actions[t] if t < len(r.actions) else np.zeros_like(r.actions[0]) for r in wave]
     )
 
 
@@ -232,24 +232,18 @@ def _replay_policy_step(
     size: int,
     shared: dict[str, Any],
 ) -> None:
-    """Policy step ``t``: its ``C`` env steps one at a time, a frame after each."""
-    for c in range(padded[0].actions.shape[1]):
-        active = [i for i, rec in enumerate(recordings) if not rec.ended]
-        with simulating(shared, "an evaluation video's replay"):
-            result = env.step(_actions_at(padded, t, c))
-            frames = env.render(size, active)  # not the ended episodes'
-        for i, frame in zip(active, frames):
-            rec = recordings[i]
+    """Policy step ``t``: its chunk of ``C`` env steps, a frame after each."""
+    running = [i for i, rec in enumerate(recordings) if not rec.ended]
+    with simulating(shared, "an evaluation video's replay"):
+        result, clips = env.step_filmed(_chunk_at(padded, t), size, running)
+    for i, clip in zip(running, clips):
+        rec = recordings[i]
+        for frame in clip:
             rec.steps += 1
             rec.add(frame)
-            if result.done[i]:  # the env ignores the rest of the chunk
-                rec.end(result.success[i], t)
-        if all(rec.ended for rec in recordings):
-            return
-    for i, rec in enumerate(recordings):
-        if rec.ended:
-            continue
-        if t + 1 < len(rec.replay.actions):
+        if result.done[i]:  # ended within the chunk (the env ignored the rest of it)
+            rec.end(result.success[i], t)
+        elif t + 1 < len(rec.replay.actions):
             rec.check_state(result.obs.state[i], t + 1)
         else:  # the rollout stopped here (its max_steps) before the env's limit
             rec.end(result.success[i], t)

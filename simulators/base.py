@@ -19,6 +19,11 @@ envs but shaped for robot-policy rollouts:
   summed. The default loops ``step``; a simulator whose observations are costly (rendering)
   overrides it to observe once per chunk. An env that finishes mid-chunk skips the rest of
   its chunk and keeps the observation of its final step (the latch above);
+- ``step_filmed(actions, size, envs)`` is ``step_chunk`` for an evaluation's video: it also
+  draws a ``size`` frame of each of ``envs`` (episodes still running) after each of its env
+  steps. The default loops ``step`` and ``render``; a simulator whose observations are costly
+  overrides it to draw the policy's observation once per chunk there too, so that a video's
+  frame costs one drawing, not two;
 - ``task_descriptions`` holds one instruction per env ("reach the red target"), set by reset;
 - ``render(size=None, envs=None)`` returns frames of the current states: at
   ``spec.render_shape`` (the SRPO encoder's frames), or square at ``size`` (an evaluation's
@@ -181,6 +186,35 @@ class VectorEnv(abc.ABC):
         result.reward = reward
         return result
 
+    def step_filmed(
+        self, actions: np.ndarray, size: int, envs: Sequence[int]
+    ) -> tuple[StepResult, list[np.ndarray]]:
+        """``step_chunk(actions)`` plus a frame of each of ``envs`` after every env step it takes.
+
+        Args:
+            actions: ``(N, C, A)``, as for ``step_chunk``.
+            size: side of the square frames (``render(size)``'s).
+            envs: the envs to film, each with its episode running (not done).
+
+        Returns:
+            ``step_chunk``'s result, and per env of ``envs`` its ``(K, size, size, 3)`` uint8
+            frames: one after each of the ``K`` env steps it took (``K < C`` when its episode
+            ended mid-chunk).
+        """
+        chunk = check_action_chunk(self.spec, self.num_envs, actions)
+        filming = [int(i) for i in envs]
+        frames: dict[int, list[np.ndarray]] = {i: [] for i in filming}
+        reward = np.zeros(self.num_envs, np.float32)
+        for c in range(chunk.shape[1]):
+            result = self.step(chunk[:, c])
+            reward += result.reward
+            if filming:
+                for i, frame in zip(filming, self.render(size, filming)):
+                    frames[i].append(frame)
+                filming = [i for i in filming if not result.done[i]]
+        result.reward = reward
+        return result, [stack_frames(frames[int(i)], size) for i in envs]
+
     @property
     @abc.abstractmethod
     def task_descriptions(self) -> list[str]:
@@ -337,6 +371,11 @@ def check_active(num_envs: int, active: Sequence[bool] | None) -> np.ndarray:
             f"{mask.dtype} of shape {mask.shape}"
         )
     return mask.copy()
+
+
+def stack_frames(frames: list[np.ndarray], size: int) -> np.ndarray:
+    """``(K, size, size, 3)`` uint8 from ``K`` frames (``K`` may be 0)."""
+    return np.stack(frames) if frames else np.zeros((0, size, size, 3), np.uint8)
 
 
 def check_env_ids(

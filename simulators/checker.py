@@ -114,7 +114,8 @@ def check_vector_env(
     ``render(size)`` and ``render(size, envs)``, that a wrong action shape is refused, that
     resetting to the same ``(task, init_state)`` gives the same observation and that the same
     actions then give the same results, that ``step_chunk`` over those actions ends with the
-    same observations and flags and the summed rewards, that envs left out of a reset
+    same observations and flags and the summed rewards, that ``step_filmed`` does too and
+    films each env as ``render(size)`` after each single step would, that envs left out of a reset
     (``active``) are done with zero rows and leave the others' episodes unchanged, and
     (``full_episode``) that every env is done after ``spec.max_steps`` steps and stays done.
 
@@ -166,6 +167,8 @@ def check_vector_env(
         )
         _expect(same, f"the same actions after the same reset differ at step {t + 1}")
     _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
+    if spec.render_shape is not None:
+        _check_filmed(env, tasks, inits, actions.astype(np.float32), results)
     if num_envs >= 2:
         _check_inactive(env, tasks, inits, actions.astype(np.float32), first, results)
     if full_episode:
@@ -220,6 +223,54 @@ def _check_chunks(
         _expect(
             bool(np.allclose(result.reward, summed, rtol=1e-6, atol=1e-6)),
             f"{where}: reward {result.reward} is not the sum of the single steps' {summed}",
+        )
+
+
+def _check_filmed(
+    env: VectorEnv,
+    tasks: np.ndarray,
+    inits: np.ndarray,
+    actions: np.ndarray,
+    results: list[StepResult],
+) -> None:
+    """``step_filmed`` over ``actions`` (``(T, N, A)``, one chunk) ends where ``step`` did and
+    films each chosen env as ``render(size)`` after each of its single steps."""
+    spec, num_envs = env.spec, env.num_envs
+    size = spec.render_shape[0] + 8
+    filmed = [num_envs - 1, 0] if num_envs >= 2 else [0]
+    env.reset(tasks, inits)
+    expected: dict[int, list[np.ndarray]] = {i: [] for i in filmed}
+    running = list(filmed)
+    for step_actions in actions:
+        result = env.step(step_actions)
+        for i, frame in zip(running, env.render(size, running)):
+            expected[i].append(frame)
+        running = [i for i in running if not result.done[i]]
+    env.reset(tasks, inits)
+    result, clips = env.step_filmed(np.swapaxes(actions, 0, 1), size, filmed)
+    where = f"step_filmed of {len(actions)} steps"
+    _check_step(result, spec, num_envs, where)
+    last = results[-1]
+    _expect(
+        _same_obs(result.obs, last.obs)
+        and np.array_equal(result.done, last.done)
+        and np.array_equal(result.success, last.success),
+        f"{where}: the observation or flags differ from {len(actions)} single steps",
+    )
+    _expect(
+        isinstance(clips, list) and len(clips) == len(filmed),
+        f"{where} must return one frame array per filmed env ({len(filmed)})",
+    )
+    for i, clip in zip(filmed, clips):
+        frames = np.stack(expected[i])
+        _expect(
+            isinstance(clip, np.ndarray) and clip.dtype == np.uint8 and clip.shape == frames.shape,
+            f"{where}: env {i}'s frames must be a {frames.shape} uint8 array, got "
+            f"{getattr(clip, 'dtype', type(clip))} {getattr(clip, 'shape', '')}",
+        )
+        _expect(
+            np.array_equal(clip, frames),
+            f"{where}: env {i}'s frames differ from render({size}) after each single step",
         )
 
 

@@ -9,6 +9,10 @@ vector env as ``configs/eval_dag/env.yaml`` runs them (``rollout.env`` with
   ``eval.video_size`` (256 px) drawn after every env step, written as MP4 with the
   instruction, step counter and outcome (``k`` = the config's ``eval.max_videos``);
 - **videos of all**: every evaluated episode gets a video (the most a video can cost);
+- **videos of k, generic replay** (LIBERO only): the same replays through
+  ``VectorEnv.step_filmed``'s generic loop (``step`` then ``render``, one env step at a time),
+  which also draws the policy's observation at every env step: how the replays ran before
+  LIBERO's own ``step_filmed`` (one drawing per video frame);
 - **before** (the reference: how evaluation videos were made until now): the rollout keeps
   the policy's frames (``keep_frames``: one per policy step, at the policy's image size) and
   the same ``k`` episodes are written from them (upscaled to about 256 px).
@@ -36,6 +40,7 @@ import argparse
 import os
 import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,7 @@ from embodied_rl.eval_episodes import local_episodes, select_videos  # noqa: E40
 from embodied_rl.registry import NODE_TYPES, POLICIES  # noqa: E402
 from embodied_rl.runtime.context import MetricSink, NodeContext  # noqa: E402
 from embodied_rl.video import read_video, write_video  # noqa: E402
+from simulators.base import VectorEnv  # noqa: E402
 
 NAME = "eval_videos"
 VIDEO_SIZE = 256
@@ -146,13 +152,25 @@ class Evaluation:
         out = NODE_TYPES.get("rollout.env").fn(self.rollouts[keep_frames], self.rows.clone())
         return out, time.perf_counter() - started
 
-    def videos(self, batch: Any, max_videos: int, folder: str) -> tuple[float, int]:
-        """``rollout.videos`` on ``batch``: (seconds, frames written)."""
+    @property
+    def env(self) -> VectorEnv:
+        return self.rollouts[False].state["vector_env"]
+
+    def videos(
+        self, batch: Any, max_videos: int, folder: str, generic: bool = False
+    ) -> tuple[float, int]:
+        """``rollout.videos`` on ``batch``: (seconds, frames written); ``generic``: through
+        ``VectorEnv.step_filmed``'s loop instead of the simulator's own."""
         run_dir = self.run_dir / folder
         options = {**self.env_options, "max_videos": max_videos, "video_size": VIDEO_SIZE}
         ctx = _context("rollout.videos", options, self.shared, run_dir)
+        if generic:  # an instance attribute: this env only, removed below
+            self.env.step_filmed = types.MethodType(VectorEnv.step_filmed, self.env)
         started = time.perf_counter()
-        out = NODE_TYPES.get("rollout.videos").fn(ctx, batch)
+        try:
+            out = NODE_TYPES.get("rollout.videos").fn(ctx, batch)
+        finally:
+            self.env.__dict__.pop("step_filmed", None)
         seconds = time.perf_counter() - started
         assert int(out[K.HAS_VIDEO].sum()) == min(max_videos, len(self.setup.pairs))
         return seconds, _frames(run_dir)
@@ -177,7 +195,7 @@ def _frames(folder: Path) -> int:
 
 
 def measure(setup: Setup, run_dir: Path) -> list[dict[str, Any]]:
-    """The four rows of one setup, same episodes (an untimed warm-up builds the scenes)."""
+    """The rows of one setup, same episodes (an untimed warm-up builds the scenes)."""
     evaluation = Evaluation(setup, run_dir)
     try:
         evaluation.rollout(keep_frames=False)  # warm-up: scene builds, lazy allocations
@@ -187,6 +205,12 @@ def measure(setup: Setup, run_dir: Path) -> list[dict[str, Any]]:
             batch, rollout_s = evaluation.rollout(keep_frames=False)
             videos_s, frames = evaluation.videos(batch, max_videos, f"{setup.name}_{max_videos}")
             rows.append(_row(setup, label, max_videos, rollout_s, videos_s, frames))
+        if type(evaluation.env).step_filmed is not VectorEnv.step_filmed:
+            batch, rollout_s = evaluation.rollout(keep_frames=False)
+            folder = f"{setup.name}_{k}_generic"
+            videos_s, frames = evaluation.videos(batch, k, folder, generic=True)
+            label = f"videos of {k}, generic replay"
+            rows.append(_row(setup, label, k, rollout_s, videos_s, frames))
         batch, rollout_s = evaluation.rollout(keep_frames=True)
         videos_s, frames = evaluation.videos_before(batch, k, f"{setup.name}_before")
         rows.append(_row(setup, f"before: policy frames, {k}", k, rollout_s, videos_s, frames))

@@ -168,12 +168,24 @@ class Phases:
         if name in self.done and output.exists():
             self.records[name] = self.done[name]
             return
-        if output.exists() and output.is_dir() and name != "demos":
+        if resumable(command, output):
+            # A training run cut short (e.g. its session ended) goes on from its newest
+            # checkpoint; the seconds recorded are then this attempt's only ("resumed").
+            command = [*command, "resume=true"]
+        elif output.exists() and output.is_dir() and name != "demos":
             shutil.rmtree(output)  # a phase that did not finish starts again
         seconds = run(command, self.args.runs / "logs" / f"{name}.log")
         self.records[name] = {"command": " ".join(command[1:]), "seconds": seconds}
+        if command[-1] == "resume=true":
+            self.records[name]["resumed"] = True
         self.done[name] = self.records[name]
         self.done_file.write_text(json.dumps(self.done, indent=1))
+
+
+def resumable(command: list[str], output: Path) -> bool:
+    """Whether ``command`` is an ``embodied-rl train`` run whose folder ``output`` holds a
+    checkpoint from an earlier, unfinished attempt (``resume=true`` goes on from it)."""
+    return "train" in command[:4] and any((output / "checkpoints").glob("step_*"))
 
 
 def recordings(run_dir: Path) -> Path:

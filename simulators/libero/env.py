@@ -39,9 +39,9 @@ success or after ``max_steps`` steps (per-suite default).
 Rendering sets the speed on CPUs (software rendering: a 64-128 px frame costs 2-4 times the
 physics of a step), so images are drawn only when an observation is returned: once per
 ``step``, once per ``step_chunk`` (a policy's chunk of ``C`` actions: the intermediate steps
-draw nothing) and once after a reset. Only the observed ``cameras`` are drawn, at
-``image_size``, without reflections unless asked (robosuite has no option for them; they
-cost about as much as the rest of a frame). ``render()`` draws the agentview at
+draw nothing; ``step_filmed`` likewise, plus its video frames) and once after a reset. Only
+the observed ``cameras`` are drawn, at ``image_size``, without reflections unless asked
+(robosuite has no option for them; they cost about as much as the rest of a frame). ``render()`` draws the agentview at
 ``render_size`` (the SRPO encoder's frames), or returns the observed image when the sizes
 match; ``render(size)`` draws it at ``size`` (an evaluation's videos; at most
 ``MAX_FRAME_SIZE``, 480).
@@ -73,6 +73,7 @@ from simulators.base import (
     check_reset_ids,
     config_from_options,
     register_simulator,
+    stack_frames,
 )
 from simulators.libero.render import MAX_FRAME_SIZE, TaskRenderer
 from simulators.libero.scene import LiberoScene, ResetSnapshot
@@ -306,22 +307,44 @@ class LiberoVectorEnv(VectorEnv):
         An env that finishes mid-chunk skips the rest of its actions and keeps the
         observation of its final step; the reward is 1 for the chunk the task succeeds in.
         """
+        return self._run_chunk(actions, 0, [])[0]
+
+    def step_filmed(
+        self, actions: np.ndarray, size: int, envs: Sequence[int]
+    ) -> tuple[StepResult, list[np.ndarray]]:
+        """``step_chunk`` plus an agentview frame of each of ``envs`` after each env step.
+
+        The policy's observation is still drawn once per chunk: a video frame costs one
+        drawing (a replay that stepped one action at a time drew both, every env step).
+        """
+        check_range("libero render size", size, 1, MAX_FRAME_SIZE)
+        return self._run_chunk(actions, size, check_env_ids(self.num_envs, envs, self._inactive))
+
+    def _run_chunk(
+        self, actions: np.ndarray, size: int, filmed: list[int]
+    ) -> tuple[StepResult, list[np.ndarray]]:
+        """``step_chunk`` of ``actions`` ``(N, C, 7)``; a ``size`` frame of each env of
+        ``filmed`` after each of its env steps (``(K, size, size, 3)`` per env)."""
         if not self._was_reset:
             raise RuntimeError("libero: call reset() before step()")
         chunk = np.clip(check_action_chunk(self.spec, self.num_envs, actions), -1.0, 1.0)
         reward = np.zeros(self.num_envs, np.float32)
+        frames: dict[int, list[np.ndarray]] = {i: [] for i in filmed}
         for i in np.flatnonzero(~self._done):
-            scene = self._scene_of[i].scene
+            built = self._scene_of[i]
             for action in chunk[i]:
-                raw_obs = scene.step(action.tolist())
+                raw_obs = built.scene.step(action.tolist())
                 self._steps[i] += 1
-                self._success[i] = scene.success()
+                self._success[i] = built.scene.success()
                 self._done[i] = self._success[i] or self._steps[i] >= self.spec.max_steps
+                if i in frames:
+                    frames[i].append(self._draw_current(built, size))
                 if self._done[i]:
                     break
             reward[i] = float(self._success[i])
             self._store(i, raw_obs)
-        return StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
+        result = StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
+        return result, [stack_frames(frames[i], size) for i in filmed]
 
     def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
         """Return ``(N, S, S, 3)`` uint8 agentview frames of the current states, rotated.
@@ -343,13 +366,7 @@ class LiberoVectorEnv(VectorEnv):
         check_range("libero render size", size, 1, MAX_FRAME_SIZE)
         if not ids:
             return np.zeros((0, size, size, 3), np.uint8)
-        if self._assets[self._scene_of[ids[0]].task].renderer is None:
-            raise RuntimeError("libero: cameras=[] and render_size 0 draw nothing; set render_size")
-        frames = [
-            built.scene.draw_current(self._assets[built.task].renderer, CAMERAS["agentview"], size)
-            for built in (self._scene_of[i] for i in ids)
-        ]
-        return np.stack([flip_image(frame) for frame in frames])
+        return np.stack([self._draw_current(self._scene_of[i], size) for i in ids])
 
     def close(self) -> None:
         for built in [b for b in self._scene_of if b is not None] + self._idle:
@@ -412,6 +429,13 @@ class LiberoVectorEnv(VectorEnv):
             renderer = self._assets.pop(task).renderer
             if renderer is not None:
                 renderer.close()
+
+    def _draw_current(self, built: _Built, size: int) -> np.ndarray:
+        """``(size, size, 3)`` uint8: the agentview of ``built``'s state now, rotated."""
+        renderer = self._assets[built.task].renderer
+        if renderer is None:
+            raise RuntimeError("libero: cameras=[] and render_size 0 draw nothing; set render_size")
+        return flip_image(built.scene.draw_current(renderer, CAMERAS["agentview"], size))
 
     def _store(self, i: int, raw_obs: Mapping[str, np.ndarray]) -> None:
         """Env ``i``'s observation into its rows: proprio from ``raw_obs``, images drawn."""
