@@ -12,6 +12,8 @@ import numpy as np
 
 from simulators.base import EnvSpec, Obs, StepResult, VectorEnv
 
+Ids = tuple[np.ndarray, np.ndarray]  # reset's (task_ids, init_state_ids)
+
 
 class EnvCheckError(AssertionError):
     """A vector env broke the interface contract (raised by :func:`check_vector_env`)."""
@@ -168,7 +170,7 @@ def check_vector_env(
         _expect(same, f"the same actions after the same reset differ at step {t + 1}")
     _check_chunks(env, tasks, inits, actions.astype(np.float32), results)
     if spec.render_shape is not None:
-        _check_filmed(env, tasks, inits, actions.astype(np.float32), results)
+        _check_filmed(env, (tasks, inits), actions.astype(np.float32), results[-1])
     if num_envs >= 2:
         _check_inactive(env, tasks, inits, actions.astype(np.float32), first, results)
     if full_episode:
@@ -211,14 +213,7 @@ def _check_chunks(
         result = env.step_chunk(np.swapaxes(part, 0, 1))  # (N, C, A)
         end += len(part)
         where = f"step_chunk {i + 1} (steps {end - len(part) + 1}..{end})"
-        _check_step(result, spec, num_envs, where)
-        expected = results[end - 1]
-        _expect(
-            _same_obs(result.obs, expected.obs)
-            and np.array_equal(result.done, expected.done)
-            and np.array_equal(result.success, expected.success),
-            f"{where}: the observation or flags differ from {len(part)} single steps",
-        )
+        _check_chunk_end(result, results[end - 1], env, where)
         summed = np.sum([r.reward for r in results[end - len(part) : end]], axis=0)
         _expect(
             bool(np.allclose(result.reward, summed, rtol=1e-6, atol=1e-6)),
@@ -226,19 +221,25 @@ def _check_chunks(
         )
 
 
-def _check_filmed(
-    env: VectorEnv,
-    tasks: np.ndarray,
-    inits: np.ndarray,
-    actions: np.ndarray,
-    results: list[StepResult],
-) -> None:
-    """``step_filmed`` over ``actions`` (``(T, N, A)``, one chunk) ends where ``step`` did and
-    films each chosen env as ``render(size)`` after each of its single steps."""
+def _check_chunk_end(result: StepResult, last: StepResult, env: VectorEnv, where: str) -> None:
+    """A chunk's ``result`` is well formed and ends where its last single step ``last`` did."""
+    _check_step(result, env.spec, env.num_envs, where)
+    _expect(
+        _same_obs(result.obs, last.obs)
+        and np.array_equal(result.done, last.done)
+        and np.array_equal(result.success, last.success),
+        f"{where}: the observation or flags differ from the single steps'",
+    )
+
+
+def _check_filmed(env: VectorEnv, ids: Ids, actions: np.ndarray, last: StepResult) -> None:
+    """``step_filmed`` over ``actions`` (``(T, N, A)``, one chunk) from ``env.reset(*ids)``
+    ends where ``T`` single steps did (``last``) and films each chosen env as ``render(size)``
+    after each of its single steps."""
     spec, num_envs = env.spec, env.num_envs
     size = spec.render_shape[0] + 8
     filmed = [num_envs - 1, 0] if num_envs >= 2 else [0]
-    env.reset(tasks, inits)
+    env.reset(*ids)
     expected: dict[int, list[np.ndarray]] = {i: [] for i in filmed}
     running = list(filmed)
     for step_actions in actions:
@@ -246,17 +247,10 @@ def _check_filmed(
         for i, frame in zip(running, env.render(size, running)):
             expected[i].append(frame)
         running = [i for i in running if not result.done[i]]
-    env.reset(tasks, inits)
+    env.reset(*ids)
     result, clips = env.step_filmed(np.swapaxes(actions, 0, 1), size, filmed)
     where = f"step_filmed of {len(actions)} steps"
-    _check_step(result, spec, num_envs, where)
-    last = results[-1]
-    _expect(
-        _same_obs(result.obs, last.obs)
-        and np.array_equal(result.done, last.done)
-        and np.array_equal(result.success, last.success),
-        f"{where}: the observation or flags differ from {len(actions)} single steps",
-    )
+    _check_chunk_end(result, last, env, where)
     _expect(
         isinstance(clips, list) and len(clips) == len(filmed),
         f"{where} must return one frame array per filmed env ({len(filmed)})",
