@@ -9,7 +9,11 @@ reported number). All runs start from the same one-demo SFT checkpoint
 1. ``start``: the SFT checkpoint's greedy success on the validation split of every task;
    the ``--num-tasks`` tasks where it is lowest but not zero (successes rare: the regime SRPO
    was designed for; with none, neither reward has a signal) are the RL tasks, unless
-   ``--tasks`` names them. Then its test-split success on them.
+   ``--tasks`` names them. With ``--sampled-validation`` (the start's *sampled* rollouts on
+   the validation split, e.g. ``world_model_pretraining.py``'s ``record_sft_validation``) the
+   choice is by their success instead: RL samples its rollouts, so the rare successes SRPO is
+   meant for are rare *sampled* successes (greedy 1/5 tasks had 36-59% sampled successes in
+   the first reported runs). Then its test-split success on them.
 2. for each method and seed: RL from the checkpoint on those tasks for ``--rl-minutes`` of
    training wall time (``trainer.time_limit_min``), validation evaluations every
    ``--eval-every`` steps, then one greedy evaluation of the test split (``eval_test``):
@@ -88,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--suite", default="libero_object")
     parser.add_argument("--tasks", type=int, nargs="+", default=None, help="default: weakest")
     parser.add_argument("--num-tasks", type=int, default=2)
+    parser.add_argument(
+        "--sampled-validation", type=Path, default=None,
+        help="a recording (record_libero run folder) of the SFT start's sampled rollouts on "
+        "the validation split: choose the tasks by their success",
+    )  # fmt: skip
     parser.add_argument(
         "--methods", nargs="*", default=list(METHODS), choices=METHODS,
         help="none: only the SFT start's validation and test evaluations",
@@ -208,12 +217,8 @@ def success(run_dir: Path, name: str, step: int | None = None) -> dict[str, Any]
 
 
 def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float]]:
-    """The ``count`` tasks with the lowest validation success above zero (ties: lower id).
-
-    A task the start never solves is left out: both rewards learn only from groups with a
-    success in them (GRPO's advantages are all zero otherwise, and SRPO scores a failure by
-    its distance to the group's successes), so RL there measures nothing.
-    """
+    """The ``count`` tasks with the lowest greedy validation success above zero
+    (:func:`lowest_solved`), and every task's rate."""
     folders = sorted(run_dir.glob("eval_validation*/eval_validation")) or [
         run_dir / "eval_validation"
     ]
@@ -223,8 +228,55 @@ def weakest_tasks(run_dir: Path, count: int) -> tuple[list[int], dict[int, float
         entry[0] += int(row["successes"])
         entry[1] += int(row["episodes"])
     rates = {task: s / max(1, n) for task, (s, n) in sorted(per_task.items())}
+    return lowest_solved(rates, count), rates
+
+
+def sampled_validation(recording: Path, sft: Path) -> dict[int, float]:
+    """Success rate by task of ``recording``'s episodes (a ``record_libero`` run folder):
+    the SFT start's sampled rollouts on the validation split.
+
+    Raises:
+        ValueError: the recording holds an init state outside the validation split, or its
+            run started from another checkpoint than ``sft``.
+    """
+    from embodied_rl.data.episode_videos import scan_videos
+
+    config = recording / "config.yaml"
+    if config.is_file():
+        from omegaconf import OmegaConf
+
+        start = OmegaConf.load(config).models.actor.get("init_from")
+        if start is None or Path(start).resolve() != sft.resolve():
+            raise ValueError(
+                f"--sampled-validation {recording}: its rollouts started from {start}, not "
+                f"--sft {sft}. Fix: record the start's rollouts (record_libero with "
+                f"models.actor.init_from={sft} data.split=validation) or pass that recording"
+            )
+    per_task: dict[int, list[int]] = {}
+    for video in scan_videos([recording / "episodes" if config.is_file() else recording]):
+        if video.task is None or video.init_state is None:
+            raise ValueError(f"--sampled-validation: {video.source} records no task/init state")
+        if _split_of(video.init_state) != "validation":
+            raise ValueError(
+                f"--sampled-validation: {video.source} is of init state {video.init_state}, "
+                f"in the {_split_of(video.init_state)} split. Fix: record data.split=validation "
+                f"with data.heldout_every={HELDOUT_EVERY}"
+            )
+        entry = per_task.setdefault(video.task, [0, 0])
+        entry[0] += int(video.success)
+        entry[1] += 1
+    return {task: k / n for task, (k, n) in sorted(per_task.items())}
+
+
+def lowest_solved(rates: dict[int, float], count: int) -> list[int]:
+    """The ``count`` tasks of lowest success above zero (ties: lower id).
+
+    A task the start never solves is left out: both rewards learn only from groups with a
+    success in them (GRPO's advantages are all zero otherwise, and SRPO scores a failure by
+    its distance to the group's successes), so RL there measures nothing.
+    """
     solved = [task for task, rate in rates.items() if rate > 0]
-    return sorted(solved, key=lambda t: (rates[t], t))[:count], rates
+    return sorted(solved, key=lambda t: (rates[t], t))[:count]
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -308,15 +360,20 @@ def weights_sha256(run_dir: Path) -> str | None:
     return digest.hexdigest()
 
 
-def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[list[int], dict]:
-    """Validation success of the SFT start on every task; the RL tasks; their test success;
-    the digest of its weights (:func:`weights_sha256`: how a rerun knows it starts there)."""
+def start_phase(
+    args: argparse.Namespace, commands: dict[str, str], sampled: dict[int, float] | None = None
+) -> tuple[list[int], dict]:
+    """Validation success of the SFT start on every task; the RL tasks (by ``sampled``
+    validation success when given, :func:`sampled_validation`); their test success; the
+    digest of its weights (:func:`weights_sha256`: how a rerun knows it starts there)."""
     # every task when the benchmark chooses them, else the given ones only
     command = eval_command(args, "sft_libero", args.sft, args.tasks, "validation")
     commands["start_validation"] = " ".join(command[2:])  # also when reused: the JSON's record
     if success(args.sft, "eval_validation") is None or args.fresh:
         run(command, policy_folder(args) / "logs" / "start_validation.log")
     tasks, rates = weakest_tasks(args.sft, args.num_tasks)
+    if sampled is not None:
+        tasks = lowest_solved(sampled, args.num_tasks)
     tasks = args.tasks if args.tasks is not None else tasks
     start_test = tasks_folder(args, tasks) / "start_test"  # the RL tasks' test split
     command = eval_command(args, "sft_libero", start_test, tasks, "test")
@@ -327,6 +384,7 @@ def start_phase(args: argparse.Namespace, commands: dict[str, str]) -> tuple[lis
         run(command, tasks_folder(args, tasks) / "logs" / "start_test.log")
     return tasks, {
         "validation_by_task": rates,
+        "sampled_validation_by_task": sampled,
         "test": success(start_test, "eval_test"),
         "weights_sha256": weights_sha256(args.sft),
     }
@@ -502,11 +560,19 @@ def main(argv: list[str] | None = None) -> int:
             f"error: --recorded {args.recorded}: no such file. Fix: give an earlier JSON of "
             f"this benchmark (e.g. docs/benchmarks/{result_name(args.policy)}.json) or leave it out"
         )
+    sampled = None
+    if args.sampled_validation is not None:  # refused before any run
+        try:
+            sampled = sampled_validation(args.sampled_validation, args.sft)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
     args.runs = args.runs.resolve()
     args.runs.mkdir(parents=True, exist_ok=True)
     commands: dict[str, str] = {}
-    tasks, start = start_phase(args, commands)
+    tasks, start = start_phase(args, commands, sampled)
     print(f"RL tasks {tasks}; SFT start validation by task {start['validation_by_task']}")
+    if sampled is not None:
+        print(f"  sampled validation success by task (the choice) {sampled}")
     recorded = recorded_runs(args.recorded, tasks, start, result_name(args.policy))
     # seed-major: a session that stops early has every method at the same number of seeds
     rows = [

@@ -262,3 +262,44 @@ def test_a_run_cut_short_resumes_and_a_fresh_or_empty_one_starts_over(tmp_path: 
 def test_no_methods_is_the_start_alone(tmp_path: Path):
     args = _args(tmp_path, "--methods", "--seeds", "0")
     assert args.methods == [] and args.seeds == [0]
+
+
+def _recording(run_dir: Path, start: Path, episodes: list[tuple[int, int, bool]]) -> Path:
+    """A record_libero run folder of ``(task, init state, success)`` episodes from ``start``."""
+    import numpy as np
+
+    from embodied_rl.data.episode_videos import EpisodeVideo, write_episode_videos
+
+    (run_dir / "episodes" / "step_000000").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(f"models:\n  actor:\n    init_from: {start}\n")
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    videos = [EpisodeVideo(frames, f"task {t}", ok, t, i) for t, i, ok in episodes]
+    write_episode_videos(run_dir / "episodes" / "step_000000" / "rank_0.hdf5", videos)
+    return run_dir
+
+
+def test_sampled_validation_success_chooses_the_tasks(tmp_path: Path):
+    sft = tmp_path / "sft"
+    # task 0: 3/4, task 1: 1/4, task 2: 0/4, task 3: 2/4 (validation init states 4, 14, ...)
+    outcomes = {0: [1, 1, 1, 0], 1: [0, 1, 0, 0], 2: [0, 0, 0, 0], 3: [1, 0, 1, 0]}
+    episodes = [
+        (task, [4, 14, 24, 34][k], bool(ok))
+        for task, oks in outcomes.items()
+        for k, ok in enumerate(oks)
+    ]
+    recording = _recording(tmp_path / "record", sft, episodes)
+    rates = swm.sampled_validation(recording, sft)
+    assert rates == {0: 0.75, 1: 0.25, 2: 0.0, 3: 0.5}
+    assert swm.lowest_solved(rates, 2) == [1, 3]  # task 2 never succeeds: no signal
+
+
+def test_sampled_validation_of_another_split_or_start_is_refused(tmp_path: Path):
+    sft = tmp_path / "sft"
+    test_state = _recording(tmp_path / "a", sft, [(0, 4, True), (0, 9, False)])
+    with pytest.raises(ValueError, match="init state 9, in the test split"):
+        swm.sampled_validation(test_state, sft)
+    other = _recording(tmp_path / "b", tmp_path / "other_sft", [(0, 4, True)])
+    with pytest.raises(ValueError, match="started from .*other_sft, not --sft"):
+        swm.sampled_validation(other, sft)
+    with pytest.raises(SystemExit, match="error: .*test split"):
+        swm.main(["--sft", str(sft), "--methods", "--sampled-validation", str(test_state)])
