@@ -17,6 +17,7 @@ a CPU (DDP) run and back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,11 @@ class OptimizerConfig:
     estimates are one sample), which can knock an RL run started from an SFT checkpoint off
     its start; a warmup lets the moments settle first. The count is Adam's own step count, so
     it carries across ``resume=true`` with the optimizer state.
+
+    ``decay_steps``: after the warmup, the rate falls from ``lr`` to ``min_lr`` along half a
+    cosine over the next N updates (update ``warmup + j`` uses ``min_lr + (lr - min_lr) *
+    (1 + cos(pi * j / N)) / 2``), then stays at ``min_lr``; 0 = ``lr`` to the end. Pretraining
+    (e.g. the V-JEPA world model) decays so that its last updates refine rather than move.
     """
 
     lr: float = 1e-4
@@ -62,17 +68,25 @@ class OptimizerConfig:
     eps: float = 1e-8
     grad_clip: float | None = 1.0
     warmup_steps: int = 0
+    decay_steps: int = 0
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
         check_range("optimizer.lr", self.lr, 0, low_open=True)
         check_range("optimizer.warmup_steps", self.warmup_steps, 0, note=" (0 = no warmup)")
+        check_range("optimizer.decay_steps", self.decay_steps, 0, note=" (0 = no decay)")
+        check_range("optimizer.min_lr", self.min_lr, 0, self.lr, note=" (at most optimizer.lr)")
 
     def lr_at(self, updates_done: int) -> float:
         """The learning rate of the next update after ``updates_done`` updates."""
-        if self.warmup_steps == 0:
+        update = updates_done + 1
+        if update <= self.warmup_steps:
+            return self.lr * update / self.warmup_steps
+        if self.decay_steps == 0:
             return self.lr
-        return self.lr * min(1.0, (updates_done + 1) / self.warmup_steps)
+        progress = min(1.0, (update - self.warmup_steps) / self.decay_steps)
+        return self.min_lr + (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2
 
 
 @dataclass

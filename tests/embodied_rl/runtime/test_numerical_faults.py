@@ -345,3 +345,20 @@ def test_lr_warmup_scales_the_first_updates_and_ignores_skipped_ones():
 def test_optimizer_config_refuses_a_negative_warmup():
     with pytest.raises(ValueError, match="warmup_steps must be >= 0"):
         OptimizerConfig(warmup_steps=-1)
+    with pytest.raises(ValueError, match="decay_steps must be >= 0"):
+        OptimizerConfig(decay_steps=-1)
+    with pytest.raises(
+        ValueError, match=r"min_lr must be in \[0, 0.001\] \(at most optimizer.lr\)"
+    ):
+        OptimizerConfig(lr=1e-3, min_lr=2e-3)
+
+
+def test_cosine_decay_after_the_warmup_by_hand():
+    """warmup 2, decay 4, lr 1, min_lr 0.2: updates 1-2 rise (0.5, 1), updates 3-6 follow
+    0.2 + 0.8 (1 + cos(pi j / 4)) / 2 for j = 1..4, then 0.2 to the end."""
+    cfg = OptimizerConfig(lr=1.0, warmup_steps=2, decay_steps=4, min_lr=0.2)
+    half_cos = [(1 + math.cos(math.pi * j / 4)) / 2 for j in (1, 2, 3, 4)]  # .854 .5 .146 0
+    expected = [0.5, 1.0] + [0.2 + 0.8 * c for c in half_cos] + [0.2, 0.2]
+    assert [cfg.lr_at(done) for done in range(8)] == pytest.approx(expected)
+    assert expected[3] == pytest.approx(0.6)  # the midpoint of the decay: halfway to min_lr
+    assert [OptimizerConfig(lr=1.0).lr_at(done) for done in (0, 100)] == [1.0, 1.0]
