@@ -291,6 +291,9 @@ def test_sampled_validation_success_chooses_the_tasks(tmp_path: Path):
     rates = swm.sampled_validation(recording, sft)
     assert rates == {0: 0.75, 1: 0.25, 2: 0.0, 3: 0.5}
     assert swm.lowest_solved(rates, 2) == [1, 3]  # task 2 never succeeds: no signal
+    # task 1 solved greedily on every validation state: the greedy test could not show a gain
+    greedy = {0: 0.4, 1: 1.0, 2: 0.0, 3: 0.8}
+    assert swm.lowest_solved(swm.with_headroom(rates, greedy), 2) == [3, 0]
 
 
 def test_sampled_validation_of_another_split_or_start_is_refused(tmp_path: Path):
