@@ -7,10 +7,10 @@ on the gathered metadata: the same choice on every rank, spread over the tasks, 
 failures), and each rank replays the chosen episodes it holds on the same vector env: reset
 to ``(task, init state)``, then the ``C`` actions of every policy step as a chunk
 (``env.step_filmed``), with a ``video_size`` frame (whatever the policy's image size) after
-the reset (``env.render(video_size)``) and after every env step. A video thus has ``env steps + 1`` frames,
-the instruction above them, ``step k`` below and, on its last second, the outcome in green
-or red (:class:`~embodied_rl.video.VideoWriter`: frames are written one by one, so memory
-holds ``fps`` frames per env, not an episode).
+the reset (``env.render(video_size)``) and after every env step. A video thus has ``env
+steps + 1`` frames, the instruction above them, ``step k`` below and, on its last second, the
+outcome in green or red (:class:`~embodied_rl.video.VideoWriter`: frames are written one by
+one, so memory holds ``fps`` frames per env, not an episode).
 
 Why a replay: only the episodes that get a video pay for their frames (at most
 ``max_videos`` over all ranks; with LIBERO on CPUs a 256 px frame costs several times the
@@ -18,7 +18,8 @@ physics of a step), and training rollouts (``keep_actions: false``) pay nothing.
 drawn only for the replayed episodes still running; the spare envs of a wave are left out
 of its reset (``active``: not simulated); the policy's observations are drawn once per chunk,
 as in the rollout (``step_filmed``; stepping one action at a time drew them at every env step,
-which doubled a LIBERO video's cost); waves group episodes of similar length. ``scripts/bench/eval_videos.py`` measures what the videos cost.
+which doubled a LIBERO video's cost); waves group episodes of similar length.
+``scripts/bench/eval_videos.py`` measures what the videos cost.
 
 Simulators are deterministic (the same ``(task, init state, actions)`` give the same
 episode: ``simulators/checker.py`` tests it, and the process pool relies on it to recover

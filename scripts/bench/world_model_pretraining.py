@@ -168,7 +168,8 @@ class Phases:
         if name in self.done and output.exists():
             self.records[name] = self.done[name]
             return
-        if resumable(command, output):
+        resumed = resumable(command, output)
+        if resumed:
             # A training run cut short (e.g. its session ended) goes on from its newest
             # checkpoint; the seconds recorded are then this attempt's only ("resumed").
             command = [*command, "resume=true"]
@@ -176,7 +177,7 @@ class Phases:
             shutil.rmtree(output)  # a phase that did not finish starts again
         seconds = run(command, self.args.runs / "logs" / f"{name}.log")
         self.records[name] = {"command": " ".join(command[1:]), "seconds": seconds}
-        if command[-1] == "resume=true":
+        if resumed:
             self.records[name]["resumed"] = True
         self.done[name] = self.records[name]
         self.done_file.write_text(json.dumps(self.done, indent=1))

@@ -41,10 +41,10 @@ physics of a step), so images are drawn only when an observation is returned: on
 ``step``, once per ``step_chunk`` (a policy's chunk of ``C`` actions: the intermediate steps
 draw nothing; ``step_filmed`` likewise, plus its video frames) and once after a reset. Only
 the observed ``cameras`` are drawn, at ``image_size``, without reflections unless asked
-(robosuite has no option for them; they cost about as much as the rest of a frame). ``render()`` draws the agentview at
-``render_size`` (the SRPO encoder's frames), or returns the observed image when the sizes
-match; ``render(size)`` draws it at ``size`` (an evaluation's videos; at most
-``MAX_FRAME_SIZE``, 480).
+(robosuite has no option for them; they cost about as much as the rest of a frame).
+``render()`` draws the agentview at ``render_size`` (the SRPO encoder's frames), or returns
+the observed image when the sizes match; ``render(size)`` draws it at ``size`` (an
+evaluation's videos; at most ``MAX_FRAME_SIZE``, 480).
 ``cameras=[]`` with ``render_size: 0`` creates no GL context at all.
 
 ``wrist_image`` is an extra field of this simulator's observations: the process pool
