@@ -572,8 +572,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.sampled_validation is not None:  # refused before any run
         try:
             sampled = sampled_validation(args.sampled_validation, args.sft)
-        except (ValueError, FileNotFoundError) as err:
+        except ValueError as err:
             raise SystemExit(f"error: {err}") from None
+        except FileNotFoundError as err:
+            raise SystemExit(
+                f"error: --sampled-validation: {err}. Fix: give the record_libero run folder of "
+                f"the start's validation rollouts (world_model_pretraining.py's "
+                f"record_sft_validation)"
+            ) from None
     args.runs = args.runs.resolve()
     args.runs.mkdir(parents=True, exist_ok=True)
     commands: dict[str, str] = {}
