@@ -1,13 +1,15 @@
-"""What a LIBERO env chunk costs, with and without the two exact shortcuts, side by side.
+"""What a LIBERO env chunk costs, with and without the three exact shortcuts, side by side.
 
-Two A/B comparisons in one process, alternating the sides so that a noisy machine affects both
-alike:
+Comparisons in one process, alternating the sides so that a noisy machine affects them alike:
 
 - **physics**: an env chunk (8 env steps of seeded random actions, then one 64 px agentview
-  observation) of 4 envs of one task stepped with robosuite's own ``env.step`` loop against
-  :func:`simulators.libero.scene.step_with_split_substeps` (our scenes' step): MuJoCo's
-  pipeline once per physics substep instead of three times. Checked: both sides end every
-  repeat in the same proprio states.
+  observation) of 4 envs of one task stepped three ways: robosuite's own ``env.step`` loop;
+  :func:`simulators.libero.scene.step_with_split_substeps` with robosuite's Python on every
+  substep (MuJoCo's pipeline once per physics substep instead of three times); and the same
+  with the non-policy substeps' control and observable timers computed without robosuite's
+  per-call Python (:mod:`simulators.libero.lean_substeps`; our scenes' step). Two rows:
+  split against robosuite, lean against split. Checked: all three end every repeat in the
+  same proprio states.
 - **frames**: one frame of each camera drawn with and without leaving out the geoms outside
   the camera's view (:func:`simulators.libero.render.outside_view`). Checked: the same pixels.
 
@@ -48,6 +50,13 @@ def robosuite_step(scene, action) -> dict:
     return scene.env.step(list(action))[0]
 
 
+def split_step(scene, action) -> dict:
+    """Split substeps with robosuite's Python on every substep (the lean side's reference)."""
+    from simulators.libero.scene import step_with_split_substeps
+
+    return step_with_split_substeps(scene.env, list(action), lean=False)
+
+
 def time_chunks(env, chunks: int) -> tuple[float, np.ndarray]:
     """Seconds per env chunk over ``chunks`` chunks from the init states, and the final states."""
     env.reset([0] * ENVS, list(range(ENVS)))
@@ -60,37 +69,54 @@ def time_chunks(env, chunks: int) -> tuple[float, np.ndarray]:
     return (time.perf_counter() - start) / (chunks * ENVS), result.obs.state.copy()
 
 
-def physics_row(suite: str, args: argparse.Namespace) -> dict:
+def physics_rows(suite: str, args: argparse.Namespace) -> list[dict]:
+    """Env chunks stepped three ways, alternating: robosuite's loop, split substeps, and split
+    substeps with the lean non-policy substeps (our scenes' step)."""
     from embodied_rl.registry import SIMULATORS
     from simulators.libero import scene as scene_module
 
     options = {"suite": suite, "image_size": 64, "max_steps": 400, "cameras": ["agentview"]}
     env = SIMULATORS.get("libero")(options, ENVS)
-    split_step = scene_module.LiberoScene.step
-    seconds = {"robosuite": [], "split": []}
+    our_step = scene_module.LiberoScene.step
+    steps = {"robosuite": robosuite_step, "split": split_step, "lean": our_step}
+    seconds = {side: [] for side in steps}
     states = {}
     try:
         for _ in range(args.repeats):
-            for side in ("robosuite", "split"):
-                scene_module.LiberoScene.step = (
-                    robosuite_step if side == "robosuite" else split_step
-                )
+            for side, step in steps.items():
+                scene_module.LiberoScene.step = step
                 spent, states[side] = time_chunks(env, args.chunks)
                 seconds[side].append(spent)
     finally:
-        scene_module.LiberoScene.step = split_step
+        scene_module.LiberoScene.step = our_step
         env.close()
-    if not np.array_equal(states["robosuite"], states["split"]):
-        raise AssertionError(f"{suite}: the split step reached other states than robosuite's")
-    robosuite_ms, split_ms = (1000 * min(seconds[s]) for s in ("robosuite", "split"))
+    for side in ("split", "lean"):
+        if not np.array_equal(states["robosuite"], states[side]):
+            raise AssertionError(f"{suite}: the {side} step reached other states than robosuite's")
+    ms = {side: 1000 * min(spent) for side, spent in seconds.items()}
+    part = f"env chunk ({CHUNK} steps + 1 frame)"
+    return [
+        _row(
+            suite, part, ("robosuite step loop", ms["robosuite"]), ("split substeps", ms["split"])
+        ),
+        _row(
+            suite,
+            part,
+            ("split substeps", ms["split"]),
+            ("split + lean non-policy substeps", ms["lean"]),
+        ),
+    ]
+
+
+def _row(suite: str, part: str, reference: tuple, ours: tuple) -> dict:
     return {
         "suite": suite,
-        "part": f"env chunk ({CHUNK} steps + 1 frame)",
-        "reference": "robosuite step loop",
-        "reference ms": robosuite_ms,
-        "ours": "split substeps",
-        "ours ms": split_ms,
-        "ours/reference": split_ms / robosuite_ms,
+        "part": part,
+        "reference": reference[0],
+        "reference ms": reference[1],
+        "ours": ours[0],
+        "ours ms": ours[1],
+        "ours/reference": ours[1] / reference[1],
         "check": "same states",
     }
 
@@ -141,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = []
     for suite in args.suites:
-        rows.append(physics_row(suite, args))
+        rows.extend(physics_rows(suite, args))
         rows.extend(frame_rows(suite, args))
     common.print_table(rows)
     payload = {

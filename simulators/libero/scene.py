@@ -65,6 +65,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import mujoco  # noqa: E402
 
+from simulators.libero.lean_substeps import ArmSubsteps, ObservableClock  # noqa: E402
 from simulators.libero.render import TaskRenderer  # noqa: E402
 from simulators.libero.suites import NOOP_ACTION, LiberoApi  # noqa: E402
 
@@ -171,7 +172,7 @@ def _install_compile_hook() -> None:
     base.MjSim = SceneMjSim
 
 
-def step_with_split_substeps(env: Any, action: Sequence[float]) -> dict:
+def step_with_split_substeps(env: Any, action: Sequence[float], lean: bool = True) -> dict:
     """robosuite's ``MujocoEnv.step`` of ``env`` with each physics substep computed once.
 
     robosuite runs a substep as ``sim.forward(); env._pre_action(); sim.step()``, and the arm
@@ -190,9 +191,14 @@ def step_with_split_substeps(env: Any, action: Sequence[float]) -> dict:
     robosuite's loop never changed the result: every ``mjData`` array and observation is the
     same (tested).
 
+    With ``lean``, the 24 substeps after the policy step compute the arm's control and the
+    observables' timers without robosuite's per-call Python where the robot and observables
+    are LIBERO's (:mod:`simulators.libero.lean_substeps`; the same numbers, tested).
+
     Args:
         env: a robosuite env with the Euler integrator (LIBERO's), no viewer.
         action: ``(action_dim,)``.
+        lean: use :mod:`~simulators.libero.lean_substeps` where it applies.
 
     Returns:
         robosuite's observation dict, as ``env.step`` returns it.
@@ -206,16 +212,25 @@ def step_with_split_substeps(env: Any, action: Sequence[float]) -> dict:
     if env.done:
         raise ValueError("executing action in terminated episode")
     env.timestep += 1
+    arm, clock = (ArmSubsteps.of(env), ObservableClock.of(env)) if lean else (None, None)
     for substep in range(int(env.control_timestep / env.model_timestep)):
         policy_step = substep == 0
         if policy_step:
             mujoco.mj_forward(model, data)
         else:
             mujoco.mj_step1(model, data)
-        with _forward_skipped(env.sim):
-            env._pre_action(action, policy_step)
+        if policy_step or arm is None:
+            with _forward_skipped(env.sim):
+                env._pre_action(action, policy_step)
+        else:
+            arm.control(action)
         mujoco.mj_step2(model, data)
-        env._update_observables()
+        if clock is None:
+            env._update_observables()
+        else:
+            clock.advance()
+    if clock is not None:
+        clock.write_back()
     env.cur_time += env.control_timestep  # once per step, as robosuite does (rounding)
     env._post_action(action)
     return env._get_observations()

@@ -1,5 +1,5 @@
 """The ``libero`` simulator's scenes and renderers: soft resets that are bit for bit hard
-resets, env steps that are bit for bit robosuite's, scenes kept by task around a shared renderer, one GL context per task and per thread,
+resets, env steps that are bit for bit robosuite's (with and without the lean substeps), scenes kept by task around a shared renderer, one GL context per task and per thread,
 scene models without texture pixels.
 
 One module-scoped env of ``libero_common.OPTIONS`` serves most tests (its reset mode is
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS
+from simulators.libero.lean_substeps import ArmSubsteps, ObservableClock
 from simulators.libero.render import outside_view
 from simulators.libero.scene import (
     step_with_split_substeps,
@@ -98,7 +99,8 @@ def test_soft_reset_is_a_hard_reset_also_after_another_episode(env):
 def _robosuite_step_records(env, step) -> list:
     """Reset to ``(TASK, INIT)``, then take MOVES twice (the env's max_steps) with ``step(robosuite_env,
     action)``: per step the observation dict, every mjData array, the state captured for the
-    image and the robot's policy-step buffers (force-torque from acceleration-stage sensors)."""
+    image, the robot's policy-step buffers (force-torque from acceleration-stage sensors), its
+    controller's and gripper's last commands and every observable's timer."""
     env.reset([TASK], [INIT])
     scene = env.scene(0)
     robot = scene.env.robots[0]
@@ -106,34 +108,70 @@ def _robosuite_step_records(env, step) -> list:
     for action in np.concatenate([MOVES] * 2):
         obs = step(scene.env, list(action))
         buffers = (robot.recent_ee_forcetorques.current, robot.recent_ee_acc.current)
+        commands = (robot.controller.torques, robot.torques, robot.gripper.current_action)
+        timers = [(o._time_since_last_sample, o._sampled) for o in scene.env._observables.values()]
         records.append(
             (
                 {k: np.array(v) for k, v in obs.items()},
                 _arrays(scene.data, SPARSE_SCRATCH),
                 _arrays(scene._observed, SPARSE_SCRATCH),
-                [np.array(b) for b in buffers],
+                [np.array(b) for b in (*buffers, *commands)],
+                timers,
             )
         )
     return records
 
 
-@pytest.mark.libero
-@requires_libero
-def test_split_substeps_compute_what_robosuites_step_computes(env):
-    robosuite_steps = _robosuite_step_records(env, lambda raw, action: raw.step(action)[0])
-    split_steps = _robosuite_step_records(env, step_with_split_substeps)
-    for t, (expected, got) in enumerate(zip(robosuite_steps, split_steps)):
+def _assert_same_steps(got_steps: list, expected_steps: list) -> None:
+    for t, (expected, got) in enumerate(zip(expected_steps, got_steps, strict=True)):
         assert expected[0].keys() == got[0].keys()
         for name in expected[0]:
             np.testing.assert_array_equal(got[0][name], expected[0][name], f"step {t}: {name}")
         _assert_same_arrays(got[1], expected[1], f"mjData after step {t}")
         _assert_same_arrays(got[2], expected[2], f"observed mjData at step {t}")
-        for got_buffer, expected_buffer in zip(got[3], expected[3]):
-            np.testing.assert_array_equal(got_buffer, expected_buffer)
+        for got_array, expected_array in zip(got[3], expected[3], strict=True):
+            np.testing.assert_array_equal(got_array, expected_array)
+        assert got[4] == expected[4], f"observable timers after step {t}"
+
+
+@pytest.mark.libero
+@requires_libero
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "robosuite_substeps"])
+def test_split_substeps_compute_what_robosuites_step_computes(env, lean):
+    raw = env.scene(0).env
+    # LIBERO's robot and observables are the setup the lean substeps replicate.
+    assert ArmSubsteps.of(raw) is not None and ObservableClock.of(raw) is not None
+    robosuite_steps = _robosuite_step_records(env, lambda raw, action: raw.step(action)[0])
+    split_steps = _robosuite_step_records(
+        env, lambda raw, action: step_with_split_substeps(raw, action, lean=lean)
+    )
+    _assert_same_steps(split_steps, robosuite_steps)
     assert "forward" not in vars(env.scene(0).env.sim)  # robosuite's own forward again
     first, last = robosuite_steps[0][0], robosuite_steps[-1][0]
     assert not np.allclose(first["robot0_eef_pos"], last["robot0_eef_pos"], atol=1e-3)
     assert np.abs(robosuite_steps[-1][3][0]).max() > 0  # the force sensor read something
+    assert robosuite_steps[-1][3][4][1] > robosuite_steps[0][3][4][1]  # the gripper closed
+
+
+@pytest.mark.libero
+@requires_libero
+def test_lean_substeps_leave_setups_they_do_not_replicate_to_robosuite(env):
+    env.reset([TASK], [INIT])
+    raw = env.scene(0).env
+    controller = raw.robots[0].controller
+    controller.interpolator_pos = object()  # an interpolated goal: not replicated
+    try:
+        assert ArmSubsteps.of(raw) is None
+    finally:
+        controller.interpolator_pos = None
+    observable = next(iter(raw._observables.values()))
+    timer = observable._time_since_last_sample
+    observable._time_since_last_sample = timer + raw.model_timestep  # a timer of its own
+    try:
+        assert ObservableClock.of(raw) is None
+    finally:
+        observable._time_since_last_sample = timer
+    assert ArmSubsteps.of(raw) is not None and ObservableClock.of(raw) is not None
 
 
 @pytest.mark.libero
