@@ -2,8 +2,9 @@
 
 Comparisons in one process, alternating the sides so that a noisy machine affects them alike:
 
-- **physics**: an env chunk (8 env steps of seeded random actions, then one 64 px agentview
-  observation) of 4 envs of one task stepped three ways: robosuite's own ``env.step`` loop;
+- **physics**: an env chunk (8 env steps of seeded random actions; no frame: the frames are
+  timed apart, and on software rendering their noise would swamp the physics) of 4 envs of
+  one task stepped three ways: robosuite's own ``env.step`` loop;
   :func:`simulators.libero.scene.step_with_split_substeps` with robosuite's Python on every
   substep (MuJoCo's pipeline once per physics substep instead of three times); and the same
   with the non-policy substeps' control and observable timers computed without robosuite's
@@ -12,6 +13,8 @@ Comparisons in one process, alternating the sides so that a noisy machine affect
   same proprio states.
 - **frames**: one frame of each camera drawn with and without leaving out the geoms outside
   the camera's view (:func:`simulators.libero.render.outside_view`). Checked: the same pixels.
+- **anti-aliasing** (not a shortcut we take): the agentview frame with LIBERO's 4x
+  multisampling against a GL context without it, and how many pixels differ.
 
 Run (about 4 minutes on 2 idle cores)::
 
@@ -75,7 +78,7 @@ def physics_rows(suite: str, args: argparse.Namespace) -> list[dict]:
     from embodied_rl.registry import SIMULATORS
     from simulators.libero import scene as scene_module
 
-    options = {"suite": suite, "image_size": 64, "max_steps": 400, "cameras": ["agentview"]}
+    options = {"suite": suite, "image_size": 64, "max_steps": 400, "cameras": []}
     env = SIMULATORS.get("libero")(options, ENVS)
     our_step = scene_module.LiberoScene.step
     steps = {"robosuite": robosuite_step, "split": split_step, "lean": our_step}
@@ -94,7 +97,7 @@ def physics_rows(suite: str, args: argparse.Namespace) -> list[dict]:
         if not np.array_equal(states["robosuite"], states[side]):
             raise AssertionError(f"{suite}: the {side} step reached other states than robosuite's")
     ms = {side: 1000 * min(spent) for side, spent in seconds.items()}
-    part = f"env chunk ({CHUNK} steps + 1 frame)"
+    part = f"env chunk ({CHUNK} steps, no frame)"
     return [
         _row(
             suite, part, ("robosuite step loop", ms["robosuite"]), ("split substeps", ms["split"])
@@ -163,12 +166,54 @@ def frame_rows(suite: str, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def antialias_row(suite: str, args: argparse.Namespace) -> dict:
+    """The agentview frame with LIBERO's 4x multisampling against none: what anti-aliasing
+    costs on this machine's renderer. Not an exact shortcut (edge pixels differ; counted):
+    a measurement for a speed-versus-fidelity choice no config makes today."""
+    from embodied_rl.registry import SIMULATORS
+    from simulators.libero.render import TaskRenderer
+
+    env = SIMULATORS.get("libero")({"suite": suite, "image_size": 64, "max_steps": 400}, 1)
+    try:
+        env.reset([0], [0])
+        scene, renderer = env.scene(0), env._assets[0].renderer
+        plain_model = scene.textured_model()
+        samples = plain_model.vis.quality.offsamples
+        plain_model.vis.quality.offsamples = 0  # read when the GL context is made
+        plain = TaskRenderer(plain_model, reflections=False)
+        sides = {"msaa": renderer, "plain": plain}
+        seconds = dict.fromkeys(sides, 0.0)
+        frames = {}
+        for repeat in range(args.frames + 1):  # the first of each side is a warm-up
+            for side, drawer in sides.items():
+                start = time.perf_counter()
+                frames[side] = drawer.render(scene.model, scene.data, "agentview", 64)
+                if repeat:
+                    seconds[side] += time.perf_counter() - start
+        plain.close()
+    finally:
+        env.close()
+    differ = np.any(frames["msaa"] != frames["plain"], axis=-1)
+    msaa_ms, plain_ms = (1000 * seconds[side] / args.frames for side in ("msaa", "plain"))
+    return {
+        "suite": suite,
+        "part": "agentview frame, 64 px",
+        "reference": f"{samples}x multisampling (LIBERO's)",
+        "reference ms": msaa_ms,
+        "ours": "no multisampling (not exact)",
+        "ours ms": plain_ms,
+        "ours/reference": plain_ms / msaa_ms,
+        "check": f"{int(differ.sum())} of {differ.size} pixels differ",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = []
     for suite in args.suites:
         rows.extend(physics_rows(suite, args))
         rows.extend(frame_rows(suite, args))
+        rows.append(antialias_row(suite, args))
     common.print_table(rows)
     payload = {
         "command": " ".join(

@@ -5,7 +5,7 @@ An env step is 25 physics substeps. On each of them robosuite runs the arm's con
 gripper through several layers of Python: name-to-id lookups, properties that rebuild the same
 index lists, four Jacobian queries where two give the same numbers, and an ``update`` of each of
 the env's ~37 observables, which on 23 of the 25 substeps only adds the model timestep to its
-timer. Cutting that Python cut an env chunk (8 env steps and a frame) by about a quarter
+timer. Without it the physics of an env chunk (8 env steps) costs 0.77-0.88 of what it did
 (BENCHMARKS.md, "Leaner substeps"). Here:
 
 - :class:`ArmSubsteps` computes what robosuite's ``SingleArm.control(action,
