@@ -6,6 +6,8 @@ Modules:
   simulator ``libero``;
 - ``scene``, ``render``: a task's built scene with exact soft resets, and the GL renderer
   its scenes share;
+- ``lean_substeps``: the physics substeps between policy steps without robosuite's per-call
+  Python (bit for bit robosuite's numbers);
 - ``suites``: LIBERO's import, suites and the OpenVLA conventions (actions, proprio, image
   flip);
 - ``goals``, ``grasp``, ``skills``, ``skill_phases``, ``privileged``, ``planner``: a scripted planner
