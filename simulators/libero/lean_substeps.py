@@ -75,6 +75,16 @@ class ArmSubsteps:
         self._gripper_speed = robot.gripper.speed
         self._control_dim = controller.control_dim
         self._orientation_error, self._opspace_matrices, self._nullspace_torques = _osc_kernels()
+        # Views of the MuJoCo arrays read every substep (MjData's buffers do not move), and
+        # the scratch arrays MuJoCo fills whole: attribute lookups and allocations per step,
+        # not per substep.
+        data = self._data
+        self._qpos, self._qvel, self._ctrl = data.qpos, data.qvel, data.ctrl
+        self._qfrc_bias = data.qfrc_bias
+        self._ee_xpos, self._ee_xmat = data.site_xpos[self._site], data.site_xmat[self._site]
+        nv = self._model.nv
+        self._jacp, self._jacr = np.zeros((3, nv)), np.zeros((3, nv))
+        self._full_mass = np.ndarray(shape=(nv, nv), dtype=np.float64, order="C")
 
     @classmethod
     def of(cls, env: Any) -> ArmSubsteps | None:
@@ -91,7 +101,7 @@ class ArmSubsteps:
         robot = self._robot
         robot.torques = np.clip(torques, self._torque_low, self._torque_high)
         self._grip(action[self._control_dim :])
-        self._data.ctrl[self._arm_actuators] = robot.torques
+        self._ctrl[self._arm_actuators] = robot.torques
 
     def _osc_torques(self) -> np.ndarray:
         """The controller's ``update`` and ``run_controller`` (fixed impedance, no interpolator).
@@ -100,24 +110,24 @@ class ArmSubsteps:
             ``(7,)`` joint torques before the clip; the controller's attributes as robosuite's
             calls leave them.
         """
-        c, model, data = self._controller, self._model, self._data
-        qvel_index = self._qvel_index
+        c, qvel, qvel_list = self._controller, self._qvel, self._qvel_list
         # update(): robosuite queries the site Jacobian twice per row (for the velocity and for
         # J); MuJoCo computes each row alike with or without the other, so one query serves.
-        jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
-        mujoco.mj_jacSite(model, data, jacp, jacr, self._site)
-        c.ee_pos = np.array(data.site_xpos[self._site])
-        c.ee_ori_mat = np.array(data.site_xmat[self._site].reshape([3, 3]))
-        c.ee_pos_vel = np.array(np.dot(jacp, data.qvel))
-        c.ee_ori_vel = np.array(np.dot(jacr, data.qvel))
-        c.joint_pos = np.array(data.qpos[self._qpos_index])
-        c.joint_vel = np.array(data.qvel[qvel_index])
-        c.J_pos = np.array(jacp.reshape((3, -1))[:, self._qvel_list])
-        c.J_ori = np.array(jacr.reshape((3, -1))[:, self._qvel_list])
+        # It writes every entry of both (the dofs off the arm's chain as zeros).
+        jacp, jacr = self._jacp, self._jacr
+        mujoco.mj_jacSite(self._model, self._data, jacp, jacr, self._site)
+        c.ee_pos = np.array(self._ee_xpos)
+        c.ee_ori_mat = np.array(self._ee_xmat.reshape([3, 3]))
+        c.ee_pos_vel = np.array(np.dot(jacp, qvel))
+        c.ee_ori_vel = np.array(np.dot(jacr, qvel))
+        c.joint_pos = np.array(self._qpos[self._qpos_index])
+        c.joint_vel = np.array(qvel[self._qvel_index])
+        c.J_pos = np.array(jacp.reshape((3, -1))[:, qvel_list])
+        c.J_ori = np.array(jacr.reshape((3, -1))[:, qvel_list])
         c.J_full = np.array(np.vstack([c.J_pos, c.J_ori]))
-        mass_matrix = np.ndarray(shape=(model.nv, model.nv), dtype=np.float64, order="C")
-        mujoco.mj_fullM(model, data, mass_matrix)  # a copy of qM's entries: no arithmetic
-        c.mass_matrix = mass_matrix[self._qvel_list, :][:, self._qvel_list]
+        mass_matrix = self._full_mass  # every entry written: a copy of qM's, no arithmetic
+        mujoco.mj_fullM(self._model, self._data, mass_matrix)
+        c.mass_matrix = mass_matrix[qvel_list, :][:, qvel_list]
 
         # run_controller(), term by term in robosuite's order (the float results depend on it).
         ori_error = self._orientation_error(np.array(c.goal_ori), c.ee_ori_mat)
@@ -137,7 +147,7 @@ class ArmSubsteps:
             )
         else:
             wrench = np.dot(lambda_full, np.concatenate([desired_force, desired_torque]))
-        c.torques = np.dot(c.J_full.T, wrench) + data.qfrc_bias[qvel_index]
+        c.torques = np.dot(c.J_full.T, wrench) + self._qfrc_bias[self._qvel_index]
         c.torques += self._nullspace_torques(
             c.mass_matrix, nullspace_matrix, c.initial_joint, c.joint_pos, c.joint_vel
         )
@@ -153,7 +163,7 @@ class ArmSubsteps:
             -1.0,
             1.0,
         )
-        self._data.ctrl[self._gripper_actuators] = (
+        self._ctrl[self._gripper_actuators] = (
             self._gripper_bias + self._gripper_weight * gripper.current_action
         )
 
