@@ -100,18 +100,24 @@ def physics_rows(suite: str, args: argparse.Namespace) -> list[dict]:
     part = f"env chunk ({CHUNK} steps, no frame)"
     return [
         _row(
-            suite, part, ("robosuite step loop", ms["robosuite"]), ("split substeps", ms["split"])
+            suite,
+            part,
+            ("robosuite step loop", ms["robosuite"]),
+            ("split substeps", ms["split"]),
+            "same states",
         ),
         _row(
             suite,
             part,
             ("split substeps", ms["split"]),
             ("split + lean non-policy substeps", ms["lean"]),
+            "same states",
         ),
     ]
 
 
-def _row(suite: str, part: str, reference: tuple, ours: tuple) -> dict:
+def _row(suite: str, part: str, reference: tuple, ours: tuple, check: str) -> dict:
+    """A table row: ``reference`` and ``ours`` are ``(what, ms)``."""
     return {
         "suite": suite,
         "part": part,
@@ -120,11 +126,30 @@ def _row(suite: str, part: str, reference: tuple, ours: tuple) -> dict:
         "ours": ours[0],
         "ours ms": ours[1],
         "ours/reference": ours[1] / reference[1],
-        "check": "same states",
+        "check": check,
     }
 
 
+def time_frames(draws: dict, frames: int) -> tuple[dict, dict]:
+    """Each side's ``draw()`` ``frames`` times after a warm-up, the sides alternating.
+
+    Returns:
+        milliseconds per frame by side, and each side's last frame.
+    """
+    seconds = dict.fromkeys(draws, 0.0)
+    last = {}
+    for repeat in range(frames + 1):  # the first of each side is a warm-up
+        for side, draw in draws.items():
+            start = time.perf_counter()
+            last[side] = draw()
+            if repeat:
+                seconds[side] += time.perf_counter() - start
+    return {side: 1000 * spent / frames for side, spent in seconds.items()}, last
+
+
 def frame_rows(suite: str, args: argparse.Namespace) -> list[dict]:
+    """Each camera's frame with and without the geoms out of view (the same pixels), and the
+    agentview with and without LIBERO's multisampling (:func:`antialias_row`)."""
     from embodied_rl.registry import SIMULATORS
     from simulators.libero.render import outside_view
 
@@ -135,76 +160,60 @@ def frame_rows(suite: str, args: argparse.Namespace) -> list[dict]:
         scene, renderer = env.scene(0), env._assets[0].renderer
         model, data = scene.model, scene.data
         for camera in CAMERAS:
-            seconds = {True: 0.0, False: 0.0}
-            frames = {}
-            for repeat in range(args.frames + 1):  # the first of each side is a warm-up
-                for culls in (True, False):
-                    renderer.culls = culls
-                    start = time.perf_counter()
-                    frames[culls] = renderer.render(model, data, camera, 64)
-                    if repeat:
-                        seconds[culls] += time.perf_counter() - start
-            renderer.culls = True
-            if not np.array_equal(frames[True], frames[False]):
-                raise AssertionError(f"{suite} {camera}: culled pixels differ")
-            whole_ms, culled_ms = (1000 * seconds[c] / args.frames for c in (False, True))
-            rows.append(
-                {
-                    "suite": suite,
-                    "part": f"{camera} frame, 64 px",
-                    "reference": "every geom",
-                    "reference ms": whole_ms,
-                    "ours": f"{len(outside_view(model, data, model.camera(camera).id))} "
-                    "geoms out of view left out",
-                    "ours ms": culled_ms,
-                    "ours/reference": culled_ms / whole_ms,
-                    "check": "same pixels",
-                }
+
+            def draw(culls: bool, camera: str = camera):
+                renderer.culls = culls
+                return renderer.render(model, data, camera, 64)
+
+            ms, frames = time_frames(
+                {"culled": lambda: draw(True), "whole": lambda: draw(False)}, args.frames
             )
+            renderer.culls = True
+            if not np.array_equal(frames["culled"], frames["whole"]):
+                raise AssertionError(f"{suite} {camera}: culled pixels differ")
+            left_out = len(outside_view(model, data, model.camera(camera).id))
+            rows.append(
+                _row(
+                    suite,
+                    f"{camera} frame, 64 px",
+                    ("every geom", ms["whole"]),
+                    (f"{left_out} geoms out of view left out", ms["culled"]),
+                    "same pixels",
+                )
+            )
+        rows.append(antialias_row(suite, scene, renderer, args.frames))
     finally:
         env.close()
     return rows
 
 
-def antialias_row(suite: str, args: argparse.Namespace) -> dict:
-    """The agentview frame with LIBERO's 4x multisampling against none: what anti-aliasing
-    costs on this machine's renderer. Not an exact shortcut (edge pixels differ; counted):
-    a measurement for a speed-versus-fidelity choice no config makes today."""
-    from embodied_rl.registry import SIMULATORS
+def antialias_row(suite: str, scene, renderer, frames: int) -> dict:
+    """The agentview frame with LIBERO's 4x multisampling (``renderer``, the env's) against a
+    GL context without it: what anti-aliasing costs on this machine's renderer. Not an exact
+    shortcut (edge pixels differ; counted): a measurement for a speed-versus-fidelity choice
+    no config makes today."""
     from simulators.libero.render import TaskRenderer
 
-    env = SIMULATORS.get("libero")({"suite": suite, "image_size": 64, "max_steps": 400}, 1)
+    plain_model = scene.textured_model()
+    samples = plain_model.vis.quality.offsamples
+    plain_model.vis.quality.offsamples = 0  # read when the GL context is made
+    plain = TaskRenderer(plain_model, reflections=False)
     try:
-        env.reset([0], [0])
-        scene, renderer = env.scene(0), env._assets[0].renderer
-        plain_model = scene.textured_model()
-        samples = plain_model.vis.quality.offsamples
-        plain_model.vis.quality.offsamples = 0  # read when the GL context is made
-        plain = TaskRenderer(plain_model, reflections=False)
-        sides = {"msaa": renderer, "plain": plain}
-        seconds = dict.fromkeys(sides, 0.0)
-        frames = {}
-        for repeat in range(args.frames + 1):  # the first of each side is a warm-up
-            for side, drawer in sides.items():
-                start = time.perf_counter()
-                frames[side] = drawer.render(scene.model, scene.data, "agentview", 64)
-                if repeat:
-                    seconds[side] += time.perf_counter() - start
-        plain.close()
+        draws = {
+            side: lambda drawer=drawer: drawer.render(scene.model, scene.data, "agentview", 64)
+            for side, drawer in {"msaa": renderer, "plain": plain}.items()
+        }
+        ms, last = time_frames(draws, frames)
     finally:
-        env.close()
-    differ = np.any(frames["msaa"] != frames["plain"], axis=-1)
-    msaa_ms, plain_ms = (1000 * seconds[side] / args.frames for side in ("msaa", "plain"))
-    return {
-        "suite": suite,
-        "part": "agentview frame, 64 px",
-        "reference": f"{samples}x multisampling (LIBERO's)",
-        "reference ms": msaa_ms,
-        "ours": "no multisampling (not exact)",
-        "ours ms": plain_ms,
-        "ours/reference": plain_ms / msaa_ms,
-        "check": f"{int(differ.sum())} of {differ.size} pixels differ",
-    }
+        plain.close()
+    differ = np.any(last["msaa"] != last["plain"], axis=-1)
+    return _row(
+        suite,
+        "agentview frame, 64 px",
+        (f"{samples}x multisampling (LIBERO's)", ms["msaa"]),
+        ("no multisampling (not exact)", ms["plain"]),
+        f"{int(differ.sum())} of {differ.size} pixels differ",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     for suite in args.suites:
         rows.extend(physics_rows(suite, args))
         rows.extend(frame_rows(suite, args))
-        rows.append(antialias_row(suite, args))
     common.print_table(rows)
     payload = {
         "command": " ".join(
