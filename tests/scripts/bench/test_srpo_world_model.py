@@ -142,6 +142,14 @@ def test_recorded_runs_stand_in_for_missing_folders_only_from_the_same_start(tmp
     _write_eval(run_dir, "eval_test_20261127-100000-000001/eval_test", [(9, 3, 2, 5)])
     assert swm.rl_phase(args, "grpo", 0, [3, 7], recorded)["test"]["rate"] == 0.4
 
+    # the start evaluated on the RL tasks only (--tasks) is compared on those tasks
+    body["start"]["validation_by_task"] = {"1": 0.0, "3": 0.2, "7": 0.4}
+    path.write_text(json.dumps(body))
+    assert set(swm.recorded_runs(path, [3, 7], start)) == {("grpo", 0)}
+    for differs in ({3: 0.2, 7: 0.6}, {3: 0.2}):  # another rate; an RL task not evaluated
+        with pytest.raises(ValueError, match=r"start validation .* vs"):
+            swm.recorded_runs(path, [3, 7], {**start, "validation_by_task": differs})
+
     other_weights = {**start, "weights_sha256": "f" * 64}
     assert swm.recorded_runs(path, [3, 7], other_weights)  # the recorded file has no digest
     body["start"]["weights_sha256"] = "e" * 64
