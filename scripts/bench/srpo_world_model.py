@@ -62,7 +62,6 @@ evaluation; 9 runs, resumable, so a session can take a few of them)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -74,7 +73,7 @@ from typing import Any
 
 import common
 from libero_learning import cli, evaluations, read_jsonl, run
-from world_model_pretraining import ENCODER_FRAMES
+from world_model_pretraining import ENCODER_FRAMES, weights_sha256
 
 NAME = "srpo_world_model"
 DEFAULT_POLICY = "mlp_image"
@@ -343,29 +342,6 @@ def tasks_folder(args: argparse.Namespace, tasks: list[int]) -> Path:
     """Where the runs on ``tasks`` live: another task choice or policy never reuses their
     results."""
     return policy_folder(args) / ("tasks_" + "_".join(str(t) for t in tasks))
-
-
-def weights_sha256(run_dir: Path) -> str | None:
-    """sha256 of the actor weights of ``run_dir``'s newest checkpoint (each entry's name and
-    bytes, in name order): the same policy gives the same digest whatever the optimiser
-    state, RNG state or file layout around it; ``None`` without a checkpoint."""
-    import torch
-
-    from embodied_rl.checkpoint import latest_checkpoint, load_entry
-
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    if checkpoint is None:
-        return None
-    state = load_entry(checkpoint, "models")["model/actor"]
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        value = state[name]
-        digest.update(name.encode())
-        if isinstance(value, torch.Tensor):
-            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-        else:
-            digest.update(repr(value).encode())
-    return digest.hexdigest()
 
 
 def start_phase(

@@ -24,11 +24,21 @@ each phase's wall time and the pretraining curve; the comparison writes its own 
 Run (about 1.5 hours on 2 idle cores)::
 
     .venv/bin/python scripts/bench/world_model_pretraining.py
+
+On another machine, the SRPO comparison (``srpo_world_model.py``) needs the same SFT start and
+world model as its recorded runs: rebuild only the phases it reads, checked against the
+recorded JSON (the SFT start's weight digest and the pretraining curve, update by update,
+must come out equal; the run stops at the first difference)::
+
+    .venv/bin/python scripts/bench/world_model_pretraining.py --runs <folder> \
+        --phases demos sft record_random record_sft pretrain export \
+        --recorded docs/benchmarks/world_model_pretraining_run2.json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -40,6 +50,19 @@ from libero_learning import cli, read_jsonl, run
 
 NAME = "world_model_pretraining"
 ENCODER_FRAMES = {"num_frames": 16, "resize_short": 64, "crop_size": 64}
+PHASES = (
+    "demos", "sft", "record_random", "record_sft", "record_sft_validation", "pretrain",
+    "export", "latents",
+)  # fmt: skip
+# the phases whose output each phase reads
+NEEDS = {
+    "sft": ("demos",),
+    "record_sft": ("sft",),
+    "record_sft_validation": ("sft",),
+    "pretrain": ("demos", "record_random", "record_sft"),
+    "export": ("pretrain",),
+    "latents": ("demos", "record_sft_validation", "export"),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,6 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
     parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
     parser.add_argument("--fresh", action="store_true", help="rerun phases with results")
+    parser.add_argument(
+        "--phases", nargs="+", default=list(PHASES), choices=PHASES,
+        help="run only these (the SRPO comparison needs demos sft record_random record_sft "
+        "pretrain export); a phase left out is reused where its output is here",
+    )  # fmt: skip
+    parser.add_argument(
+        "--recorded", type=Path, default=None,
+        help="an earlier JSON of this benchmark: the SFT start's weights and the pretraining "
+        "curve must come out equal to its (a rebuild on another machine), else the run stops",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -151,6 +184,29 @@ def pretrain_model_config() -> dict[str, Any]:
     return dict(OmegaConf.to_container(OmegaConf.load(path).models.world_model.options.config))
 
 
+def weights_sha256(run_dir: Path) -> str | None:
+    """sha256 of the actor weights of ``run_dir``'s newest checkpoint (each entry's name and
+    bytes, in name order): the same policy gives the same digest whatever the optimiser
+    state, RNG state or file layout around it; ``None`` without a checkpoint."""
+    import torch
+
+    from embodied_rl.checkpoint import latest_checkpoint, load_entry
+
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is None:
+        return None
+    state = load_entry(checkpoint, "models")["model/actor"]
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
 # ------------------------------------------------------------------------------- phases
 class Phases:
     """Runs each phase once; its command and wall seconds go into ``records``."""
@@ -167,6 +223,8 @@ class Phases:
     def run(self, name: str, command: list[str], output: Path) -> None:
         if name in self.done and output.exists():
             self.records[name] = self.done[name]
+            return
+        if name not in self.args.phases:  # left out, and nothing chosen reads it (checked)
             return
         resumed = resumable(command, output)
         if resumed:
@@ -193,6 +251,62 @@ def recordings(run_dir: Path) -> Path:
     return run_dir / "episodes"
 
 
+def phase_outputs(args: argparse.Namespace, out_dir: Path) -> dict[str, Path]:
+    """Where each phase writes (``--demos``: the first given folder stands for ``demos``)."""
+    outputs = {name: args.runs / name for name in PHASES}
+    if args.demos:
+        outputs["demos"] = args.demos[0].resolve()
+    outputs["export"] = args.runs / "vjepa_libero"
+    outputs["latents"] = out_dir / "world_model_latents.json"
+    return outputs
+
+
+def missing_inputs(args: argparse.Namespace, phases: Phases, outputs: dict[str, Path]) -> list[str]:
+    """``"<phase> needs <input>"`` for each chosen phase whose input is neither chosen nor
+    here (given ``--demos`` count as here)."""
+    here = set(phases.done) if not args.fresh else set()
+    available = {n for n in PHASES if n in args.phases or (n in here and outputs[n].exists())}
+    if args.demos:
+        available.add("demos")
+    return [
+        f"{name} needs {need} ({outputs[need]})"
+        for name in args.phases
+        for need in NEEDS.get(name, ())
+        if need not in available
+    ]
+
+
+def first_difference(ours: list[dict[str, float]], theirs: list[dict[str, float]]) -> str | None:
+    """Where two pretraining curves first differ (loss or target spread, exactly, update by
+    update), or ``None`` when they are equal: the same world model came out."""
+    for update, (mine, recorded) in enumerate(zip(ours, theirs, strict=False)):
+        for key in ("world_model/loss", "world_model/target_std"):
+            if mine.get(key) != recorded.get(key):
+                return f"update {update}: {key} {mine.get(key)} vs {recorded.get(key)} recorded"
+    if len(ours) != len(theirs):
+        return f"{len(ours)} updates vs {len(theirs)} recorded"
+    return None
+
+
+def refuse_difference(what: str, difference: str | None) -> None:
+    """Stop the rebuild (``--recorded``) when ``what`` came out other than recorded."""
+    if difference is not None:
+        raise SystemExit(
+            f"error: --recorded: the rebuilt {what} differs from the recorded one "
+            f"({difference}). Runs made with the recorded one do not compare with runs on this "
+            "one; rerun without --recorded to keep this one (its phases are reused)"
+        )
+
+
+def pretrain_curve(run_dir: Path) -> list[dict[str, float]]:
+    """Loss and target spread of every pretraining update (none before the phase ran)."""
+    metrics = run_dir / "metrics.jsonl"
+    keys = ("step", "world_model/loss", "world_model/target_std")
+    if not metrics.exists():
+        return []
+    return [{k: m[k] for k in keys if k in m} for m in read_jsonl(metrics)]
+
+
 def plot(curve: list[dict[str, float]], out: Path | None) -> Path:
     """The pretraining loss and the spread of the target latents (collapse would be ~0)."""
     fig, axes = common.new_figure(ncols=2, width=10.0, height=3.6)
@@ -213,11 +327,32 @@ def main(argv: list[str] | None = None) -> int:
     args.runs = args.runs.resolve()
     args.runs.mkdir(parents=True, exist_ok=True)
     phases = Phases(args)
-    demos = [d.resolve() for d in args.demos] if args.demos else [args.runs / "demos"]
+    out_dir = args.out or Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    outputs = phase_outputs(args, out_dir)
+    missing = missing_inputs(args, phases, outputs)
+    if missing:  # refused before any phase runs
+        raise SystemExit(
+            f"error: --phases: {'; '.join(missing)}. Fix: add those phases to --phases "
+            "(or point --runs at a folder where they ran)"
+        )
+    if args.recorded is not None and not args.recorded.is_file():
+        raise SystemExit(
+            f"error: --recorded {args.recorded}: no such file. Fix: give an earlier JSON of this "
+            f"benchmark (e.g. docs/benchmarks/{NAME}_run2.json) or leave it out"
+        )
+    recorded = json.loads(args.recorded.read_text()) if args.recorded else None
+    demos = [d.resolve() for d in args.demos] if args.demos else [outputs["demos"]]
     if not args.demos:
         phases.run("demos", demos_command(args, demos[0]), demos[0])
-    sft = args.runs / "sft"
+    sft = outputs["sft"]
     phases.run("sft", sft_command(args, demos, sft), sft)
+    sft_digest = weights_sha256(sft)
+    if recorded and recorded.get("sft_weights_sha256") and sft_digest is not None:
+        theirs = recorded["sft_weights_sha256"]
+        same = sft_digest == theirs
+        refuse_difference(
+            "SFT start", None if same else f"sha256 {sft_digest[:12]} vs {theirs[:12]}"
+        )
     runs = {
         "record_random": (args.runs / "record_random", "train", None, 1.0),
         "record_sft": (args.runs / "record_sft", "train", sft, args.temperature),
@@ -230,20 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, (run_dir, split, start, temperature) in runs.items():
         phases.run(name, record_command(args, run_dir, split, start, temperature), run_dir)
-    pretrain = args.runs / "pretrain"
+    pretrain = outputs["pretrain"]
     videos = demos + [recordings(runs[n][0]) for n in ("record_random", "record_sft")]
     phases.run("pretrain", pretrain_command(args, videos, pretrain), pretrain)
-    model = args.runs / "vjepa_libero"
+    curve = pretrain_curve(pretrain)
+    if recorded and recorded.get("pretrain_curve") and curve:
+        refuse_difference("world model", first_difference(curve, recorded["pretrain_curve"]))
+    model = outputs["export"]
     export = cli("export", str(pretrain), "--out", str(model), "--force")
     phases.run("export", export, model)
-    out_dir = args.out or Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-    latents_json = out_dir / "world_model_latents.json"
+    latents_json = outputs["latents"]
     validation = demos + [recordings(runs["record_sft_validation"][0])]
     phases.run("latents", latents_command(args, validation, model, latents_json), latents_json)
-    curve = [
-        {k: m[k] for k in ("step", "world_model/loss", "world_model/target_std") if k in m}
-        for m in read_jsonl(pretrain / "metrics.jsonl")
-    ]
     rows = [
         {"phase": name, "minutes": rec["seconds"] / 60.0} for name, rec in phases.records.items()
     ]
@@ -251,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "phases": phases.records,
+        "sft_weights_sha256": sft_digest,
         "pretrain_curve": curve,
     }
     common.write_results(NAME, payload, args.out)
