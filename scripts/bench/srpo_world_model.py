@@ -31,8 +31,13 @@ wall-time budget counts the earlier attempts), so the benchmark resumes where it
 ``--fresh`` reruns. ``--recorded`` (an
 earlier JSON of this benchmark, e.g. ``docs/benchmarks/srpo_world_model.json``) resumes on
 another machine: its rows stand in for the runs whose folders are not here, provided its SFT
-start scored exactly as this one does (the check that both runs start from the same policy;
-the SFT is deterministic given its command). Every command is
+start scored exactly as this one does and has the same weight digest (the check that both
+runs start from the same policy; the SFT is deterministic given its command: rebuilt on a new
+VM it gave the same sha256). There, rebuild the start and, for the world-model runs, the world
+model with ``world_model_pretraining.py --phases demos sft record_random record_sft pretrain
+export --recorded <its JSON>`` (it stops if either comes out different), then pass
+``--recorded`` and the recorded ``--tasks`` (the start is then evaluated on those tasks only,
+and compared there). Every command is
 recorded in the JSON with the per-seed curves; the table gives mean and spread (sample
 standard deviation over seeds) of test success.
 
