@@ -264,8 +264,8 @@ def phase_outputs(args: argparse.Namespace, out_dir: Path) -> dict[str, Path]:
 def missing_inputs(args: argparse.Namespace, phases: Phases, outputs: dict[str, Path]) -> list[str]:
     """``"<phase> needs <input>"`` for each chosen phase whose input is neither chosen nor
     here (given ``--demos`` count as here)."""
-    here = set(phases.done) if not args.fresh else set()
-    available = {n for n in PHASES if n in args.phases or (n in here and outputs[n].exists())}
+    finished = {n for n in phases.done if outputs[n].exists()}  # Phases: none with --fresh
+    available = set(args.phases) | finished
     if args.demos:
         available.add("demos")
     return [
@@ -354,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             "SFT start", None if same else f"sha256 {sft_digest[:12]} vs {theirs[:12]}"
         )
     runs = {
-        "record_random": (args.runs / "record_random", "train", None, 1.0),
-        "record_sft": (args.runs / "record_sft", "train", sft, args.temperature),
+        "record_random": (outputs["record_random"], "train", None, 1.0),
+        "record_sft": (outputs["record_sft"], "train", sft, args.temperature),
         "record_sft_validation": (
-            args.runs / "record_sft_validation",
+            outputs["record_sft_validation"],
             "validation",
             sft,
             args.temperature,
