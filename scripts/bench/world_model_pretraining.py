@@ -341,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             f"benchmark (e.g. docs/benchmarks/{NAME}_run2.json) or leave it out"
         )
     recorded = json.loads(args.recorded.read_text()) if args.recorded else None
+    if recorded is not None and recorded.get("benchmark") != NAME:
+        raise SystemExit(
+            f"error: --recorded {args.recorded}: not a {NAME} result "
+            f"(benchmark={recorded.get('benchmark')!r}). Fix: give this benchmark's JSON "
+            f"(e.g. docs/benchmarks/{NAME}_run2.json)"
+        )
     demos = [d.resolve() for d in args.demos] if args.demos else [outputs["demos"]]
     if not args.demos:
         phases.run("demos", demos_command(args, demos[0]), demos[0])

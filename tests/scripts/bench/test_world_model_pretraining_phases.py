@@ -59,6 +59,10 @@ def test_phases_left_out_are_skipped_and_a_missing_input_is_refused_before_any_r
     argv = ["--runs", str(tmp_path), "--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit, match=r"pretrain needs record_random .*record_sft needs sft"):
         wmp.main([*argv, "--phases", "pretrain", "record_sft"])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"benchmark": "srpo_world_model"}))
+    with pytest.raises(SystemExit, match=r"not a world_model_pretraining result.*Fix"):
+        wmp.main([*argv, "--recorded", str(other)])
     assert ran == []
     # what the SRPO comparison reads: the validation recording and the latents are left out
     args = wmp.parse_args([*argv, "--phases", "demos", "sft", "record_random"])
