@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from embodied_rl.dag.node_type import NodeConfigError
 from embodied_rl.dag.spec import DagValidationError
-from embodied_rl.registry import COMMANDS, UnknownNameError, load_plugins
+from embodied_rl.registry import COMMAND_PLUGINS, COMMANDS, UnknownNameError, load_plugins
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, validate_config
 from embodied_rl.runtime.config_compose import one_line
 
@@ -55,9 +55,31 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("overrides", nargs="*", help="hydra overrides, e.g. trainer.total_steps=5")
         if name in ("train", "eval"):
             cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    _add_demos_parser(sub)
+    _add_plugin_parsers(sub)
     _add_export_parser(sub)
     return parser
+
+
+def _add_plugin_parsers(sub: argparse._SubParsersAction) -> None:
+    """A subparser for every command a plugin package registers (``COMMANDS``), which adds
+    its own options; the plugins are imported by name, as for node types."""
+    load_plugins(COMMAND_PLUGINS)
+    for name in COMMANDS.names():
+        command = COMMANDS.get(name)
+        cmd = sub.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(cmd)
+
+
+def _run_plugin(name: str, args: argparse.Namespace) -> int:
+    """Run the registered command ``name``; a package it needs but cannot import (LIBERO for
+    ``demos``) is a one-line error that says to install it."""
+    try:
+        return COMMANDS.get(name).run(args)
+    except ImportError as err:  # its message names the missing package
+        raise ConfigError(
+            f"embodied-rl {name} cannot run: {one_line(err)}",
+            "install the package the message names",
+        ) from None
 
 
 def _add_export_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,7 +101,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     """``embodied-rl export``: print what was written and how it loads."""
-    from embodied_rl.export import export_run
+    from embodied_rl.export.run import export_run
 
     result = export_run(args.run, args.out, step=args.step, critic=args.critic, force=args.force)
     for model in result.models:
@@ -90,105 +112,13 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ids(text: str) -> int | None:
-    """An id argument: a non-negative integer, or ``all`` (returned as ``None``)."""
-    if text == "all":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer id or 'all', got {text!r}") from None
-
-
-def _add_demos_parser(sub: argparse._SubParsersAction) -> None:
-    text = (
-        "write scripted LIBERO demonstrations (pick and place, drawers, knobs, pushes; LIBERO's "
-        "HDF5 layout) and, "
-        "with --report, the planner's success on every official init state"
-    )
-    cmd = sub.add_parser("demos", help=text, description=text)
-    cmd.add_argument("--suite", default="libero_object", help="LIBERO suite (default: %(default)s)")
-    cmd.add_argument(
-        "--tasks", nargs="+", type=_ids, default=["all"], help="task ids or 'all' (default: all)"
-    )
-    cmd.add_argument(
-        "--init-states",
-        nargs="*",
-        type=_ids,
-        default=[0],
-        help="official init-state ids to record, or 'all' (default: 0); none given: no demo "
-        "files (e.g. with --report)",
-    )
-    cmd.add_argument("--out", required=True, help="output directory (created if missing)")
-    cmd.add_argument(
-        "--image-size", type=int, default=128, help="camera frame side in pixels (default: 128)"
-    )
-    cmd.add_argument(
-        "--report",
-        action="store_true",
-        help="also run every init state of each task without cameras; write report.json/.md",
-    )
-    cmd.add_argument(
-        "--resume",
-        action="store_true",
-        help="with --report: keep the tasks that --out's report.json already holds (a "
-        "stopped run goes on where it stopped) and run only the others",
-    )
-    cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    cmd.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace demo files that --out already holds (refused otherwise)",
-    )
-    cmd.add_argument(
-        "--videos",
-        action="store_true",
-        help="also write an MP4 of every demo (agent camera, instruction, step) to --out/videos",
-    )
-    cmd.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="run this many tasks at once, each in its own process (default: 1; the same files)",
-    )
-
-
-def _all_or_ids(values: Sequence[int | None]) -> list[int] | None:
-    """``None`` when ``all`` is among ``values``, else the ids."""
-    return None if any(v is None or v == "all" for v in values) else [int(v) for v in values]
-
-
-def _run_demos(args: argparse.Namespace) -> int:
-    """``embodied-rl demos``: the implementation is registered by the simulators package."""
-    load_plugins(("simulators",))
-    try:
-        return COMMANDS.get("demos")(
-            suite=args.suite,
-            tasks=_all_or_ids(args.tasks),
-            init_states=_all_or_ids(args.init_states),
-            out=args.out,
-            image_size=args.image_size,
-            report=args.report,
-            resume=args.resume,
-            progress=not args.no_progress,
-            overwrite=args.overwrite,
-            videos=args.videos,
-            processes=args.processes,
-        )
-    except ImportError as err:  # the simulator package (LIBERO) is missing: its message says so
-        raise ConfigError(
-            f"embodied-rl demos cannot run: {one_line(err)}",
-            "install the package the message names",
-        ) from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     for name, value in RAY_CONSOLE_ENV.items():
         os.environ.setdefault(name, value)
     try:
-        if args.command == "demos":
-            return _run_demos(args)
+        if args.command in COMMANDS:
+            return _run_plugin(args.command, args)
         if args.command == "export":
             return _run_export(args)
         cfg = compose(args.config_name, args.overrides, args.config_dir)
@@ -196,7 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dag = validate_config(cfg)
             print(f"OK: {args.config_name}: {len(dag.nodes)} nodes on {dag.num_workers} worker(s)")
             return 0
-        from embodied_rl.runtime.launcher import RunFailed, launch, preview_placement
+        from embodied_rl.launch.launcher import launch
+        from embodied_rl.launch.outcome import RunFailed
+        from embodied_rl.launch.ray_setup import preview_placement
 
         if args.command == "plan":
             from embodied_rl.dag.planner import format_plan, plan_dag

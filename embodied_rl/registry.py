@@ -8,9 +8,11 @@ them by module name through :func:`load_plugins`, so no static import edge exist
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 PLUGIN_MODULES: tuple[str, ...] = ("policies", "rollout", "simulators")
@@ -56,6 +58,39 @@ class Registry:
         return sorted(self._items)
 
 
+@dataclass(frozen=True)
+class Command:
+    """A CLI command a plugin package adds to ``embodied-rl`` (registered in ``COMMANDS``).
+
+    Attributes:
+        help: what the command does, one sentence: its line in ``embodied-rl --help`` and
+            the description in ``embodied-rl <name> --help``.
+        add_arguments: adds the command's options to its (empty) argparse subparser.
+        run: runs the command from the parsed arguments and returns the exit status. Bad
+            input raises ``ConfigError``; an ``ImportError`` (an optional package missing)
+            becomes a one-line error that says to install it.
+    """
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def register_command(
+    name: str,
+    *,
+    help: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Decorator: register ``run(args) -> exit status`` as the CLI command ``name``."""
+
+    def decorator(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS.register(name, Command(help=help, add_arguments=add_arguments, run=run))
+        return run
+
+    return decorator
+
+
 NODE_TYPES = Registry("node type")
 POLICIES = Registry("policy")
 # Frozen video encoders of SRPO's ``encode.video`` (``builder(options, device) -> nn.Module``
@@ -66,11 +101,13 @@ SIMULATORS = Registry("simulator")
 # Text environments of multi-turn LLM rollouts (``rollout.llm_multiturn``): name -> a class
 # built with the node's ``env_options`` (``embodied_rl.interfaces.TextEnvironment``).
 TEXT_ENVS = Registry("text environment")
-# CLI commands whose implementation lives in a plugin package (e.g. ``demos`` in
-# ``simulators``): ``embodied-rl <name>`` parses the arguments and calls the registered
-# function with them as keywords.
+# CLI commands that a plugin package adds (e.g. ``demos`` in ``simulators``): name -> a
+# :class:`Command`, which ``embodied-rl`` gives a subparser of that name and runs.
 COMMANDS = Registry("command")
-# Writers of ``embodied-rl export`` (``embodied_rl/export.py``), by policy name: ``fn(policy,
+# The plugin packages that register commands: the CLI imports them to build its parser, on
+# every call, so they must import quickly (``policies`` is left out: it takes seconds).
+COMMAND_PLUGINS: tuple[str, ...] = ("simulators",)
+# Writers of ``embodied-rl export`` (``embodied_rl/export/``), by policy name: ``fn(policy,
 # options, folder) -> interfaces.Exported`` writes the built policy in its Hugging Face layout
 # and says how it loads again.
 EXPORTERS = Registry("exporter")

@@ -61,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
 
+from embodied_rl.launch.launcher import launch  # noqa: E402
 from embodied_rl.runtime.config import compose  # noqa: E402
-from embodied_rl.runtime.launcher import launch  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,9 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix, also in 
 
 # isort: split
 from simulators import libero, reach  # noqa: F401  (registrations)
-from simulators.base import (
-    EnvSpec,
-    Obs,
-    Simulator,
-    StepResult,
-    VectorEnv,
-    register_simulator,
-)
+from simulators.base import EnvSpec, Obs, StepResult, VectorEnv
 from simulators.checker import check_vector_env
+from simulators.registry import Simulator, register_simulator
 from simulators.workers import ProcessVectorEnv
 
 __all__ = [

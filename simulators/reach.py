@@ -40,9 +40,8 @@ from simulators.base import (
     check_active,
     check_env_ids,
     check_reset_ids,
-    config_from_options,
-    register_simulator,
 )
+from simulators.registry import config_from_options, register_simulator
 
 # Headless rendering by default; must be set before mujoco is imported (a caller's choice,
 # e.g. MUJOCO_GL=osmesa, wins).

@@ -20,8 +20,8 @@ created where they are used (processes start with the ``spawn`` method, never ``
   naming the envs of that child.
 
 The pool is an option of every simulator, not a simulator: ``SIMULATORS.get(name)(options,
-num_envs, processes=P)`` builds one (:class:`simulators.base.Simulator`), and each child builds
-its envs through the same entry with ``processes=0``.
+num_envs, processes=P)`` builds one (:class:`simulators.registry.Simulator`), and each child
+builds its envs through the same entry with ``processes=0``.
 """
 
 from __future__ import annotations

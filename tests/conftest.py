@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import tests.hypothesis_profiles  # noqa: F401  (registers and loads the "ci" profile)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights or data in tests
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -59,8 +61,8 @@ def _start_shared_ray() -> None:
 
     if ray.is_initialized():
         return
+    from embodied_rl.launch.ray_setup import ray_init_kwargs
     from embodied_rl.runtime.config import compose
-    from embodied_rl.runtime.launcher import ray_init_kwargs
 
     ray.init(**ray_init_kwargs(compose("grpo_llm", []), SHARED_RAY_WORKERS, 1.0))
     _shared_ray["started"] = True

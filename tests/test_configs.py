@@ -8,8 +8,8 @@ import re
 import pytest
 
 from embodied_rl.cli import main
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import CONFIG_DIR, compose, validate_config
-from embodied_rl.runtime.launcher import launch
 from tests.embodied_rl.synthetic_demos import input_overrides
 
 CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))

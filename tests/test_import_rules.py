@@ -2,7 +2,8 @@
 
 - ``embodied_rl`` never imports ``policies``, ``simulators`` or ``rollout`` (they register
   into its registries and are loaded by module name);
-- ``policies`` and ``simulators`` never import each other;
+- ``policies`` and ``simulators`` never import each other, and ``policies`` never imports
+  ``rollout`` (models, video encoders included, know nothing of the rollouts that drive them);
 - ``rollout`` imports neither ``simulators`` nor ``policies`` (interfaces only).
 
 Every ``import`` / ``from ... import`` statement counts, wherever it is (function bodies,
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("embodied_rl", "policies", "simulators", "rollout")
 FORBIDDEN: dict[str, frozenset[str]] = {
     "embodied_rl": frozenset({"policies", "simulators", "rollout"}),
-    "policies": frozenset({"simulators"}),
+    "policies": frozenset({"simulators", "rollout"}),
     "simulators": frozenset({"policies"}),
     "rollout": frozenset({"simulators", "policies"}),
 }
@@ -117,6 +118,12 @@ def test_checker_reports_each_forbidden_import(tmp_path):
         "embodied_rl/sub/__init__.py": "from .. import registry\nfrom ..registry import load\n",
         "policies/__init__.py": "from embodied_rl.registry import load\n",
         "policies/mlp.py": "import numpy\nfrom simulators.libero import Env\n",  # line 2
+        "policies/encoders.py": (
+            "from embodied_rl.data.episode_videos import sample_frame_indices\n"
+            "def build():\n"
+            "    from rollout.env import EnvRolloutConfig\n"  # line 3: forbidden
+            "    return EnvRolloutConfig\n"
+        ),
         "simulators/__init__.py": "import os, policies as p\n",  # line 1
         "simulators/libero.py": "from .vec import VecEnv\n",
         "rollout/__init__.py": "from embodied_rl import keys\n",
@@ -141,11 +148,13 @@ def test_checker_reports_each_forbidden_import(tmp_path):
     assert found == {
         "embodied_rl/registry.py:4",
         "policies/mlp.py:2",
+        "policies/encoders.py:3",
         "simulators/__init__.py:1",
         "rollout/env.py:3",
         "rollout/env.py:6",
     }, violations
     assert any("from simulators import libero as L" in v for v in violations)
+    assert any("(policies must not import rollout)" in v for v in violations)
 
 
 def _setuptools_packages() -> object:
@@ -309,11 +318,13 @@ def import_closure(root: Path, start: list[str]) -> set[str]:
 def test_workers_never_import_the_trackers():
     """Only the driver talks to W&B and MLflow (embodied_rl/trackers/): nothing a DAG worker
     imports (its module, the core's nodes and tasks, the plugin packages) reaches a tracker,
-    the launcher or the tracker packages. (timm, which the policies import, imports the
-    ``wandb`` module when it is installed, for its own optional logging; it starts no run.)"""
+    the driver (``embodied_rl/launch/``) or the tracker packages, not even their
+    ``__init__``. (timm, which the policies import, imports the ``wandb`` module when it is
+    installed, for its own optional logging; it starts no run.)"""
     start = ["embodied_rl.runtime.worker", "embodied_rl.nodes", "embodied_rl.tasks", *PACKAGES]
     reached = import_closure(ROOT, start)
     assert "embodied_rl.runtime.worker" in reached and "policies.mlp.modeling" in reached
-    forbidden = {"wandb", "mlflow", "embodied_rl.runtime.launcher", "embodied_rl.cli"}
-    forbidden |= {m for m in reached if m.startswith("embodied_rl.trackers.")}
+    driver = ("embodied_rl.launch", "embodied_rl.trackers")
+    forbidden = {"wandb", "mlflow", "embodied_rl.cli", *driver}
+    forbidden |= {m for m in reached if m.startswith(tuple(f"{p}." for p in driver))}
     assert not sorted(forbidden & reached)

@@ -19,10 +19,10 @@ import torch
 import embodied_rl.nodes  # noqa: F401  (registers reward.arithmetic)
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
+from embodied_rl.launch.ray_setup import ray_init_kwargs
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import NodeContext
-from embodied_rl.runtime.launcher import ray_init_kwargs
 from embodied_rl.tasks.arithmetic import ArithmeticRewardConfig, score
 
 ROOT = Path(__file__).resolve().parents[1]

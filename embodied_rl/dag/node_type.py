@@ -214,6 +214,17 @@ class NodeType:
     def factor(self, node_config: Any) -> int:
         return 1 if self.batch_factor is None else int(self.batch_factor(node_config))
 
+    def implementation(self) -> str:
+        """Where the node's code is, as ``module:function`` (and its setup's, when it has one):
+        what ``embodied-rl plan`` prints, so that a reader goes from a DAG node to its code
+        in one hop."""
+        where = _qualified(self.fn)
+        return where if self.setup is None else f"{where} (setup: {_qualified(self.setup)})"
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}:{fn.__qualname__}"
+
 
 def register_node(
     name: str,

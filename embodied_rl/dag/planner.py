@@ -90,6 +90,9 @@ def process_groups(plans: list[WorkerPlan]) -> list[tuple[int, ...]]:
 def format_plan(dag: DagSpec, plans: list[WorkerPlan]) -> str:
     """Human-readable plan, as printed by ``embodied-rl plan``."""
     lines = [f"{dag.num_workers} worker(s); nodes in order: {', '.join(n.id for n in dag.nodes)}"]
+    lines.append("code of each node (module:function):")
+    for node in dag.nodes:
+        lines.append(f"  {node.id} ({node.type.name}): {node.type.implementation()}")
     for plan in plans:
         lines.append(f"rank {plan.rank}:")
         if not plan.steps:

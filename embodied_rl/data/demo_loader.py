@@ -27,15 +27,9 @@ from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.batch import make_batch
-from embodied_rl.data.demos import (
-    ACTION_DIM,
-    DemoInfo,
-    dataset_statistics,
-    find_demo_files,
-    load_demo,
-    scan_demo_file,
-)
-from embodied_rl.data.lerobot import LeRobotFeatures, is_lerobot_dataset, scan_lerobot_dataset
+from embodied_rl.data.demo_formats import load_demo, scan_demos
+from embodied_rl.data.demos import ACTION_DIM, DemoInfo, dataset_statistics
+from embodied_rl.data.lerobot import LeRobotFeatures
 from embodied_rl.data.sampler import EpochSampler
 from embodied_rl.data.tasks import is_heldout
 from embodied_rl.registry import SUITE_INSTRUCTIONS, load_plugins
@@ -59,7 +53,7 @@ def select_demos(
     those tasks, by the task id that ``embodied-rl demos`` records; ``None`` keeps all.
     ``suite`` (the simulator's) refuses files recorded in another suite. A path that is a
     LeRobot dataset folder is read with the ``lerobot`` feature mapping (see
-    :func:`scan_demos`).
+    :func:`~embodied_rl.data.demo_formats.scan_demos`).
 
     Raises:
         DemoFormatError / FileNotFoundError: from the reader (naming file, demo and key).
@@ -81,19 +75,6 @@ def select_demos(
             selected.append(info)
     check_not_heldout(selected, heldout_every)
     return selected
-
-
-def scan_demos(paths: Sequence[str], lerobot: LeRobotFeatures | None = None) -> list[DemoInfo]:
-    """Every demo under ``paths``, in path order: a LeRobot dataset folder (``meta/info.json``)
-    gives its episodes (mapped by ``lerobot``, default :class:`LeRobotFeatures`), any other
-    path its HDF5 files' demos (a folder: its ``*.hdf5``)."""
-    infos: list[DemoInfo] = []
-    for path in paths:
-        if is_lerobot_dataset(path):
-            infos += scan_lerobot_dataset(path, lerobot or LeRobotFeatures())
-        else:
-            infos += [info for file in find_demo_files([path]) for info in scan_demo_file(file)]
-    return infos
 
 
 def check_suite(infos: Sequence[DemoInfo], suite: str) -> None:

@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,12 +43,11 @@ from embodied_rl.checks import options_dataclass
 from embodied_rl.data.demos import (
     ACTION_DIM,
     PROPRIO_DIM,
+    Demo,
     DemoFormatError,
+    DemoInfo,
     to_observation_convention,
 )
-
-if TYPE_CHECKING:
-    from embodied_rl.data.demos import Demo, DemoInfo
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 # rotated: frames already in the simulator's observation convention (rotated by 180 degrees,
@@ -202,8 +201,6 @@ def scan_lerobot_dataset(root: str | Path, features: LeRobotFeatures) -> list[De
         DemoFormatError: an unsupported version, a missing or misshapen feature, missing
             episode metadata or files (naming the item and the fix).
     """
-    from embodied_rl.data.demos import DemoInfo
-
     root = Path(root)
     info = read_info(root)
     check_features(root, info, features)
@@ -307,14 +304,12 @@ def _locate(
 # ----------------------------------------------------------------------------- loading
 def load_lerobot_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:
     """One episode's actions, proprio and the frames of ``cameras``, in the simulator's
-    conventions (like :func:`embodied_rl.data.demos.load_demo` for HDF5 files).
+    conventions (like :func:`embodied_rl.data.demos.load_hdf5_demo` for HDF5 files).
 
     Raises:
         DemoFormatError: the data rows, frame indices or decoded frames do not match the
             episode's length, naming the episode and the file.
     """
-    from embodied_rl.data.demos import Demo
-
     episode: LeRobotEpisode = info.lerobot
     features = episode.features
     unknown = sorted(set(cameras) - set(CAMERA_FEATURES))

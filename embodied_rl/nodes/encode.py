@@ -3,7 +3,8 @@ embedding), by a frozen video encoder from ``VIDEO_ENCODERS`` that the model sto
 
 The node uses only the encoder interface, ``encode(frames (B, T, H, W, 3) uint8, lengths (B,)
 int64) -> (B, D) float32`` and ``embedding_dim``; the encoders themselves (pooled pixels,
-V-JEPA 2) are in ``rollout/encoders.py``.
+V-JEPA 2) are in the ``policies`` plugin (``policies/encoders/``), which the core never
+imports: the model store finds them in ``VIDEO_ENCODERS`` by name.
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ from embodied_rl.runtime.config_sections import (
     RunOptions,
     TrainerConfig,
     WorkersConfig,
+    check_loggers,
     section,
 )
 from embodied_rl.runtime.init_from import InitFromError, check_init_from
 from embodied_rl.runtime.models import ModelSpec, OptimizerConfig, ParallelConfig
-from embodied_rl.trackers import check_loggers
 
 __all__ = [
     "CONFIG_DIR",

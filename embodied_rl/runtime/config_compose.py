@@ -40,11 +40,12 @@ def compose(
         )
     GlobalHydra.instance().clear()
     # Hydra reports some bad overrides as a plain ValueError (``dag=-1``: a group option that
-    # is not a string); the overrides are the only input here, so each is the user's error.
+    # is not a string) or TypeError (``dag=[1,2]``: a list of them); the overrides are the
+    # only input here, so each is the user's error.
     try:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             return hydra_compose(config_name=config_name, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
         unknown = _unknown_override_key(err, config_name, directory)
         raise unknown or ConfigError(
             # hydra's messages span lines (parse position, a docs link): the CLI prints one line.

@@ -7,7 +7,8 @@ builds one from the composed config with unknown keys and wrong types as ConfigE
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib.util
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,7 +17,7 @@ from omegaconf import DictConfig
 from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import NodeConfigError, build_dataclass
 from embodied_rl.data.tasks import SPLITS
-from embodied_rl.runtime.config_errors import ConfigError, plain_value
+from embodied_rl.runtime.config_errors import ConfigError, did_you_mean, plain_value
 
 # One worker per device: more than this is a typo, and would only stall the validator.
 MAX_WORKERS = 1 << 16
@@ -125,7 +126,42 @@ class TrainerConfig:
         )
         check_fields(self, ("checkpoint_every", "preempt_grace_s"), 0)
         check_range("time_limit_min", self.time_limit_min, 0, low_open=True)
-        self.loggers = tuple(self.loggers)  # names checked by trackers.check_loggers
+        self.loggers = tuple(self.loggers)  # names checked by check_loggers
+
+
+# Here, beside trainer.loggers, not in trackers/: validation must not import the driver's
+# trackers (they import the runtime), and the feed reads which loggers are trackers from here.
+LOGGERS = ("tensorboard", "wandb", "mlflow")
+# tracker -> (the module it imports, the pip package, the extra of pyproject.toml)
+TRACKERS = {
+    "wandb": ("wandb", "wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow-skinny", "mlflow"),
+}
+
+
+def check_loggers(loggers: Sequence[str]) -> None:
+    """Refuse unknown ``trainer.loggers`` names and trackers whose package is not installed.
+
+    Raises:
+        ConfigError: naming the logger and the fix (a valid name, or the install command).
+    """
+    for name in loggers:
+        if name not in LOGGERS:
+            raise ConfigError(
+                f"trainer.loggers: unknown logger {name!r}{did_you_mean(name, LOGGERS)}",
+                f"use names from {list(LOGGERS)}, e.g. trainer.loggers=[tensorboard,wandb] "
+                "(metrics.jsonl and metrics.png are always written)",
+            )
+    for name in dict.fromkeys(loggers):
+        if name not in TRACKERS:
+            continue
+        module, package, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"trainer.loggers names {name}, but the {package} package is not installed",
+                f"install it with `.venv/bin/pip install -c constraints.txt -e '.[{extra}]'` "
+                f"(or `pip install {package}`), or remove {name} from trainer.loggers",
+            )
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

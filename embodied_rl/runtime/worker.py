@@ -185,7 +185,7 @@ class DAGWorker:
     def _make_logger(self) -> RunLogger:
         total = self.trainer.total_steps if self.mode == "train" else self.start_step + 1
         return RunLogger(
-            self.run_dir,  # an eval's run_dir is its own folder (launcher.py)
+            self.run_dir,  # an eval's run_dir is its own folder (launch/launcher.py)
             total,
             start_step=self.start_step,
             tensorboard="tensorboard" in self.trainer.loggers,

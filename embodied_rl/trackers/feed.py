@@ -25,8 +25,8 @@ from embodied_rl.eval_episodes import RESULTS_FILE, step_folder
 from embodied_rl.metrics import METRICS_FILE, MetricsTail, read_metrics
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import section
+from embodied_rl.runtime.config_sections import TRACKERS
 from embodied_rl.runtime.run_folder import remove_contents
-from embodied_rl.trackers import TRACKERS
 from embodied_rl.trackers.base import FAILED, KILLED, EvalReport, RunInfo, Tracker, TrackerError
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def _open_mlflow(trainer: Any, info: RunInfo) -> Tracker:
     return MlflowTracker(trainer.mlflow, info)
 
 
-OPENERS: dict[str, Callable[[Any, RunInfo], Tracker]] = {  # keys: trackers.TRACKERS
+OPENERS: dict[str, Callable[[Any, RunInfo], Tracker]] = {  # keys: config_sections.TRACKERS
     "wandb": _open_wandb,
     "mlflow": _open_mlflow,
 }

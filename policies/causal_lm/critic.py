@@ -10,24 +10,25 @@ Shapes: ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response tokens
 
 from __future__ import annotations
 
-import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
-
-# isort: split
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from tensordict import TensorDict
-from transformers import AutoModel, PreTrainedModel
 
 from embodied_rl import keys as K
 from embodied_rl.registry import POLICIES
 from policies.causal_lm.configuration import CausalLMConfig
 from policies.causal_lm.modeling import build_model_and_tokenizer, response_forward_inputs
 from policies.causal_lm.tokenizer import load_tokenizer
+
+# transformers is imported where a backbone is loaded (about 5 s): importing ``policies``,
+# which every worker process and CLI call does, must not pay for it.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VALUE_HEAD_INIT_STD = 1e-2  # small: initial values near 0, the backbone is not disturbed
 VALUE_HEAD_FILE = "value_head.safetensors"  # beside the backbone's files (save_pretrained)
@@ -107,6 +108,8 @@ class CausalLMCritic(torch.nn.Module):
                 f"{folder} has no {VALUE_HEAD_FILE}; point at a folder written by "
                 "CausalLMCritic.save_pretrained (embodied-rl export --critic)"
             )
+        from transformers import AutoModel
+
         backbone = AutoModel.from_pretrained(
             str(folder), local_files_only=True, use_safetensors=True
         )

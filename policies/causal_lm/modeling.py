@@ -3,7 +3,7 @@
 Rollout calls :meth:`CausalLMPolicy.generate`; the trainer calls
 :meth:`CausalLMPolicy.evaluate` for log-probabilities and entropies of the sampled tokens.
 Both see the same distribution: ``softmax(logits / temperature)``, optionally restricted
-to a small token set (constrained decoding, see :class:`AllowedTokensLogitsProcessor`).
+to a small token set (constrained decoding, see ``logits.py``).
 
 Shapes: ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response tokens
 (right-padded), ``V`` vocabulary entries (``K`` of them when restricted).
@@ -11,30 +11,15 @@ Shapes: ``B`` samples, ``P`` prompt tokens (left-padded), ``R`` response tokens
 
 from __future__ import annotations
 
-import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
-
-# isort: split
 import inspect
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
-from transformers import (
-    AutoModelForCausalLM,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from embodied_rl import keys as K
 from embodied_rl.checks import check_range
@@ -42,27 +27,15 @@ from embodied_rl.registry import POLICIES
 from policies.causal_lm.configuration import CausalLMConfig
 from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
 
-
-class AllowedTokensLogitsProcessor(LogitsProcessor):
-    """Constrained decoding: every token outside ``allowed_ids`` gets logit ``-inf``.
-
-    Like OpenVLA's action-token slice of the vocabulary, this makes the policy a
-    distribution over a small set (e.g. the ten digits and EOS). A random-init tiny LM can
-    then learn a task such as arithmetic with RL in minutes, because it does not have to
-    discover which of 150k tokens are even meaningful. It must run before temperature and
-    top-p so that nucleus sampling sees the restricted distribution, the one ``evaluate``
-    scores.
-    """
-
-    def __init__(self, allowed_ids: torch.Tensor) -> None:
-        self.allowed_ids = allowed_ids
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
-        """Mask ``scores`` (B, V) outside the allowed set; ``input_ids`` is unused."""
-        ids = self.allowed_ids.to(scores.device)
-        restricted = torch.full_like(scores, float("-inf"))
-        restricted[:, ids] = scores[:, ids]
-        return restricted
+# transformers is imported where a model is built or generates (about 5 s): importing
+# ``policies``, which every worker process and CLI call does, must not pay for it.
+if TYPE_CHECKING:
+    from transformers import (
+        LogitsProcessorList,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        Qwen2ForCausalLM,
+    )
 
 
 class CausalLMPolicy(torch.nn.Module):
@@ -102,6 +75,8 @@ class CausalLMPolicy(torch.nn.Module):
         # generation_config may carry top_k/repetition_penalty/... defaults that generate()
         # would apply silently, making rollout sample from a distribution evaluate() does not
         # score; replace it with one that only names the special tokens.
+        from transformers import GenerationConfig
+
         model.generation_config = GenerationConfig(
             eos_token_id=eos, pad_token_id=self.pad_token_id, bos_token_id=tokenizer.bos_token_id
         )
@@ -178,15 +153,9 @@ class CausalLMPolicy(torch.nn.Module):
     def _logits_processors(
         self, temperature: float, top_p: float, do_sample: bool
     ) -> LogitsProcessorList:
-        processors = LogitsProcessorList()
-        if self.allowed_ids is not None:
-            processors.append(AllowedTokensLogitsProcessor(self.allowed_ids))
-        if do_sample:
-            if temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p))
-        return processors
+        from policies.causal_lm.logits import logits_processors
+
+        return logits_processors(self.allowed_ids, temperature, top_p, do_sample)
 
     def evaluate(
         self, batch: TensorDict, temperature: float = 1.0
@@ -378,6 +347,8 @@ def build_tiny_qwen2(
     The init is seeded (without touching the global RNG), so every rank that builds it
     with the same seed gets identical weights.
     """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -420,6 +391,8 @@ def _load_pretrained(config: CausalLMConfig) -> PreTrainedModel:
             "loaded (pickled pytorch_model.bin files can run code when unpickled): convert "
             "the checkpoint with save_pretrained, which writes safetensors"
         )
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(
         str(folder),
         local_files_only=True,

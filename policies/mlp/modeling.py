@@ -31,6 +31,12 @@ from torch import nn
 from embodied_rl import keys as K
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
+from policies.folder_layout import (
+    CONFIG_FILE,
+    STATISTICS_FILE,
+    WEIGHTS_FILE,
+    is_statistics_buffer,
+)
 from policies.mlp.configuration import MLPPolicyConfig
 from policies.normalization import Normalizer, select_statistics
 from policies.observation import (
@@ -38,12 +44,6 @@ from policies.observation import (
     image_encoder,
     observation_features,
     step_features,
-)
-from policies.openvla.loading import (
-    CONFIG_FILE,
-    STATISTICS_FILE,
-    WEIGHTS_FILE,
-    is_statistics_buffer,
 )
 
 MODEL_TYPE = "embodied_rl_mlp"  # config.json's model_type

@@ -14,17 +14,17 @@ covers every LIBERO instruction.
 
 from __future__ import annotations
 
-import embodied_rl  # noqa: F401  (first: installs the torchvision fix transformers needs)
+from typing import TYPE_CHECKING
 
-# isort: split
-from tokenizers import Tokenizer, normalizers, pre_tokenizers
-from tokenizers.models import WordLevel
-from transformers import PreTrainedTokenizerFast
+# tokenizers and transformers are imported where the tokenizer is built: the vocabulary is
+# read by the options (configuration.py), which importing ``policies`` loads.
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, UNK, BOS, EOS = "[PAD]", "[UNK]", "[BOS]", "[EOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 # OpenVLA's prompt "In: What action should the robot take to {instruction}?\nOut:", lowercased
-# and split into words and punctuation (policies/openvla/vla.py PROMPT).
+# and split into words and punctuation (policies/openvla/prompt.py PROMPT).
 PROMPT_WORDS = ("in", ":", "what", "action", "should", "the", "robot", "take", "to", "?", "out")
 # Every lowercased word of the instructions of libero_spatial, libero_object, libero_goal,
 # libero_10 and libero_90 (130 tasks).
@@ -55,6 +55,10 @@ def build_libero_word_tokenizer() -> PreTrainedTokenizerFast:
     Words and punctuation runs are split apart (``"to?"`` -> ``["to", "?"]``); the tokenizer
     has a BOS token, so prompts start with it as OpenVLA's do.
     """
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
     model = Tokenizer(WordLevel(vocab=libero_vocabulary(), unk_token=UNK))
     model.normalizer = normalizers.Lowercase()
     model.pre_tokenizer = pre_tokenizers.Whitespace()

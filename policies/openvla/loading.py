@@ -64,20 +64,17 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from policies.folder_layout import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    STATISTICS_FILE,
+    WEIGHTS_FILE,
+    is_statistics_buffer,
+)
 from policies.openvla.configuration import VLAArchitecture
 
 VLA_PREFIXES = ("vision_backbone.", "projector.", "language_model.")
 _LAYER_SCALE = ((".ls1.gamma", ".ls1.scale_factor"), (".ls2.gamma", ".ls2.scale_factor"))
-CONFIG_FILE = "config.json"
-STATISTICS_FILE = "dataset_statistics.json"
-INDEX_FILE = "model.safetensors.index.json"
-WEIGHTS_FILE = "model.safetensors"
-STATISTICS_PREFIX = "normalizer."  # buffers filled from the statistics, not from weight files
-
-
-def is_statistics_buffer(name: str) -> bool:
-    """Whether a state-dict entry is a normalisation buffer (not a published weight)."""
-    return name.startswith(STATISTICS_PREFIX)
 
 
 def to_published_name(name: str) -> str:

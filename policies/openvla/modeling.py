@@ -18,20 +18,17 @@ import torch
 from embodied_rl.checks import check_range
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
+from policies.openvla.builders import build_policy
 from policies.openvla.configuration import ACTION_DIM, OpenVLAConfig
-from policies.openvla.vla import (
-    VLAPolicyBase,
-    build_policy,
-    categorical_scores,
-    sample_action_index,
-)
+from policies.openvla.policy_base import VLAPolicyBase
+from policies.openvla.sampling import categorical_scores, sample_action_index
 
 
 class OpenVLAPolicy(VLAPolicyBase):
     """OpenVLA behind the ``EmbodiedPolicy`` interface.
 
     Attributes:
-        vla: :class:`policies.openvla.vla.PrismaticVLA` (vision, projector, Llama).
+        vla: :class:`policies.openvla.prismatic.PrismaticVLA` (vision, projector, Llama).
         tokenizer: the prompt tokenizer.
         normalizer: normalised actions -> environment actions (q01/q99, gripper).
         tokens_per_step: K = 7.

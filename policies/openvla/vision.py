@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import timm
 import torch
 import torch.nn.functional as F
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from embodied_rl.checks import check_range
+
+# timm is imported where a tower is built (about 1 s, and it imports wandb when installed):
+# importing ``policies``, which every worker process and CLI call does, must not pay for it.
+if TYPE_CHECKING:
+    from timm.models.vision_transformer import VisionTransformer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -47,6 +50,9 @@ _TINY_NORMALIZATION = {"tiny_dinov2_reg4": (IMAGENET_MEAN, IMAGENET_STD)}
 
 def build_vit(model_id: str, img_size: int, act_layer: str | None = None) -> VisionTransformer:
     """A classifier-free ViT (``num_classes=0``) with random init, never downloading."""
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+
     if model_id in TINY_VITS:
         return VisionTransformer(
             img_size=img_size, num_classes=0, act_layer=act_layer, **TINY_VITS[model_id]

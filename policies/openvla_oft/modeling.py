@@ -35,14 +35,11 @@ from embodied_rl import keys as K
 from embodied_rl.checks import check_range
 from embodied_rl.interfaces import ActOutput
 from embodied_rl.registry import POLICIES
+from policies.openvla.builders import build_policy
 from policies.openvla.configuration import ACTION_DIM
-from policies.openvla.vla import (
-    PrismaticVLA,
-    VLAPolicyBase,
-    build_policy,
-    categorical_scores,
-    sample_action_index,
-)
+from policies.openvla.policy_base import VLAPolicyBase
+from policies.openvla.prismatic import PrismaticVLA
+from policies.openvla.sampling import categorical_scores, sample_action_index
 from policies.openvla_oft.configuration import OpenVLAOFTConfig
 
 

@@ -7,9 +7,9 @@ is the target encoder (V-JEPA evaluates that one) and whose predictor is the tra
 the Hugging Face layout that ``video_encoder.vjepa2`` loads with ``path=`` exactly as it loads
 the published V-JEPA 2 weights; ``embodied-rl export <run> --out DIR`` writes it.
 
-Frames are preprocessed as ``video_encoder.vjepa2`` does for SRPO (``preprocess_clips``:
-resize of the short side, centre crop, ImageNet statistics), so the model is trained on what
-it will later embed.
+Frames are preprocessed as ``video_encoder.vjepa2`` does for SRPO (``preprocess_clips`` of
+``policies/encoders/clips.py``: resize of the short side, centre crop, ImageNet statistics),
+so the model is trained on what it will later embed.
 
 Why the encoder is called layer by layer for the context: ``VJEPA2Model.forward`` encodes the
 whole clip and masks the encoder's *outputs*, so every output has attended to the masked
@@ -30,7 +30,7 @@ from torch import nn
 
 from embodied_rl.checks import check_fields, check_range, options_dataclass
 from embodied_rl.registry import POLICIES
-from rollout.encoders import preprocess_clips
+from policies.encoders.clips import preprocess_clips
 
 NAME = "world_model.vjepa2"
 

@@ -61,8 +61,9 @@ from typing import Any
 import common
 import ray
 
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.ray_setup import start_ray
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch, start_ray
 
 NAME = "embodied_step"
 EPISODES_PER_STEP = 4  # data.batch_size 2 (task, init state) pairs x rollout.group_size 2

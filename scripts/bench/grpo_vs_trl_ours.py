@@ -26,7 +26,7 @@ def install_ours_hooks(path: str) -> None:
     from embodied_rl.metrics import RunLogger
     from embodied_rl.runtime.executor import PlanExecutor
     from policies.causal_lm.modeling import CausalLMPolicy
-    from policies.causal_lm.tokenizer import QWEN2_EOS_ID
+    from policies.causal_lm.qwen_vocab import QWEN2_EOS_ID
 
     log = PhaseLog(path)
     run, write_metrics, evaluate = PlanExecutor.run, RunLogger.log, CausalLMPolicy.evaluate
@@ -65,7 +65,7 @@ def run_ours(seed: int, steps: int, constrained: bool, workdir: Path, result: Pa
     """Train with ``launch`` (the hooks load in the worker); write its metrics to ``result``."""
     import torch
 
-    from embodied_rl.runtime.launcher import launch
+    from embodied_rl.launch.launcher import launch
 
     torch.set_num_threads(1)
     cfg = compose_config(seed, steps, constrained, str(workdir / "outputs"))

@@ -97,7 +97,7 @@ def planner_tasks(suite: str) -> tuple[list[int], dict[int, str]]:
 
 def demo_tasks(folders: list[Path]) -> dict[int, int]:
     """``{task id: init state of its first demo}`` over the demo folders, in folder order."""
-    from embodied_rl.data.demo_loader import scan_demos
+    from embodied_rl.data.demo_formats import scan_demos
 
     first: dict[int, int] = {}
     existing = [str(f) for f in folders if f.is_dir() and any(f.glob("*.hdf5"))]

@@ -89,7 +89,8 @@ def llama2_sized_tokenizer() -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from policies.causal_lm.tokenizer import ENDOFTEXT, build_qwen2_tokenizer
+    from policies.causal_lm.qwen_vocab import ENDOFTEXT
+    from policies.causal_lm.tokenizer import build_qwen2_tokenizer
 
     spec = json.loads(build_qwen2_tokenizer().backend_tokenizer.to_str())
     keep = LLAMA2_VOCAB - len(spec["added_tokens"])
@@ -116,7 +117,7 @@ def register_scaled_oft() -> str:
     """Register ``openvla_oft_scaled``: OpenVLA-OFT built at one of ``OFT_SIZES``.
 
     Built through the policy registry so that ``ModelStore`` owns it and its optimizer,
-    exactly as in training. Mirrors ``policies.openvla.vla.build_policy``'s preset branch
+    exactly as in training. Mirrors ``policies.openvla.builders.build_policy``'s preset branch
     (seeded init, dtype, gradient checkpointing) with another architecture; the init runs
     on the target device (a 7.5B float32 init on the CPU would take minutes and 30 GB).
     """
@@ -124,7 +125,7 @@ def register_scaled_oft() -> str:
 
     from embodied_rl.registry import POLICIES
     from policies.openvla.configuration import VLAArchitecture
-    from policies.openvla.vla import PrismaticVLA
+    from policies.openvla.prismatic import PrismaticVLA
     from policies.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
 
     def build(options: dict[str, Any], device: torch.device) -> OpenVLAOFTPolicy:

@@ -30,8 +30,8 @@ import common
 
 def run_backend(backend: str, steps: int, workers: int, root: Path) -> dict[str, Any]:
     """Train ``steps`` steps of grpo_llm with ``backend``; returns the summary row."""
+    from embodied_rl.launch.launcher import launch
     from embodied_rl.runtime.config import compose
-    from embodied_rl.runtime.launcher import launch
 
     overrides = [
         f"rollout.backend={backend}",

@@ -4,7 +4,7 @@ SRPO scores a failed trajectory by how close its video embedding lies to the suc
 trajectories of the same task (docs/ALGORITHMS.md, "SRPO"). That reward is only as good as the
 encoder's latent space; this script measures two things on held-out labelled episode videos
 (``embodied_rl/data/episode_videos.py``: LIBERO demo files and our episode video files) for
-each ``--encoder`` (any ``video_encoder.*`` of ``rollout/encoders.py``):
+each ``--encoder`` (any ``video_encoder.*`` of ``policies/encoders/``):
 
 1. *Separation* (AUC). Per task (instruction): embed all its episodes; z-score every dimension
    with that task's mean and standard deviation (population std, floored at 1e-6); an
@@ -120,7 +120,7 @@ def build_encoder(spec: EncoderSpec, device: str) -> Any:
     """
     from embodied_rl.registry import VIDEO_ENCODERS, load_plugins, model_builder
 
-    load_plugins(("rollout",))
+    load_plugins(("policies",))
     if spec.name not in VIDEO_ENCODERS:
         raise EncoderSpecError(
             f"--encoder {spec.label}: {spec.name!r} is not a video encoder; use one of "
@@ -153,7 +153,7 @@ def select_videos(infos: list[Any], split: str, heldout_every: int) -> tuple[lis
 def read_indices(length: int, max_frames: int) -> np.ndarray:
     """Which frames of a ``length``-frame video to read: all, or ``max_frames`` spread with
     ``floor(linspace)`` as the encoders sample (ascending)."""
-    from rollout.encoders import sample_frame_indices
+    from embodied_rl.data.episode_videos import sample_frame_indices
 
     if length <= max_frames:
         return np.arange(length)

@@ -10,16 +10,22 @@ Modules:
   Python (bit for bit robosuite's numbers);
 - ``suites``: LIBERO's import, suites and the OpenVLA conventions (actions, proprio, image
   flip);
-- ``goals``, ``grasp``, ``skills``, ``skill_phases``, ``privileged``, ``planner``: a scripted planner
-  (pick-and-place, push, drawer opening, knob turning) that reads the task's goal and the
-  true scene state;
-- ``demos``, ``demos_cli``: demonstrations recorded with that planner, and the ``demos``
-  command (``embodied-rl demos``) that writes them.
+- ``goals``, ``grasp``, ``skills``, ``privileged``: a task's goal as skill steps, top-down
+  grasps, the skills' geometry, and the true scene state a scripted planner reads;
+- ``planner``, ``planner_config``, ``planner_state``: that planner (pick-and-place, push,
+  drawer opening and closing, knob turning, a mug into a microwave and its door shut): its
+  phase machine and control, its settings and the phases of each kind of step, and its
+  progress and errors to the waypoint, step by step;
+- ``pick_place_phases``, ``skill_phases``, ``cavity_phases``: the planner's phases, their
+  waypoints and exit tests (pick-and-place; push, drawers, knobs; the microwave);
+- ``demos``, ``demos_cli``, ``commands``: demonstrations recorded with that planner, the
+  ``demos`` command (``embodied-rl demos``) that writes them, and its options, registered in
+  ``embodied_rl.registry.COMMANDS`` without importing the rest.
 
 Importing this package registers the simulator and the command.
 """
 
-from simulators.libero import demos_cli  # noqa: F401  (registers the ``demos`` command)
+from simulators.libero import commands  # noqa: F401  (registers the ``demos`` command)
 from simulators.libero.env import LiberoConfig, LiberoObs, LiberoVectorEnv, build_libero
 
 __all__ = ["LiberoConfig", "LiberoObs", "LiberoVectorEnv", "build_libero"]

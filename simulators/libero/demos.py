@@ -6,8 +6,8 @@ runs in the ``libero`` simulator itself (:class:`~simulators.libero.env.LiberoVe
 env): the same seeding, init states, settle steps, image flip, proprio and episode limit as
 a policy's rollout, so a demo's observations and actions are exactly what a policy sees and
 emits. Successful episodes are written in LIBERO's HDF5 layout, one file per task
-(``<task name>_demo.hdf5``, :func:`embodied_rl.data.demos.write_demo_file`); a planner failure
-is reported and skipped, never written.
+(``<task name>_demo.hdf5``, :func:`embodied_rl.data.demo_writer.write_demo_file`); a planner
+failure is reported and skipped, never written.
 
 Recording convention: step ``t`` stores the observation *before* action ``t`` (OpenVLA's
 regenerated LIBERO data does the same; LIBERO's own ``create_dataset.py`` pairs each action
@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from embodied_rl.data.demos import DemoEpisode, write_demo_file
+from embodied_rl.data.demo_writer import DemoEpisode, write_demo_file
 from embodied_rl.runtime.config import ConfigError
 from embodied_rl.video import write_video
 from simulators.libero.env import LiberoConfig, LiberoVectorEnv
 from simulators.libero.goals import Step, UnsupportedGoalError
-from simulators.libero.planner import PlannerConfig, ScriptedPlanner
+from simulators.libero.planner import ScriptedPlanner
+from simulators.libero.planner_config import PlannerConfig
 from simulators.libero.privileged import PrivilegedScene
 from simulators.libero.suites import CAMERAS, SUITE_MAX_STEPS, import_libero, make_suite
 

@@ -1,10 +1,11 @@
 """``embodied-rl demos``: the command (argument checks, the run over tasks) and its report.
 
-The episodes and the demo files come from :mod:`simulators.libero.demos`; this module picks
-the tasks and init states, runs them with a progress bar, and with ``--report`` summarises
-the planner on every official init state of each task (no cameras) in ``report.json`` and
-``report.md``: successes, mean episode steps of the successes, failed init states and why,
-and tasks whose goal the planner does not handle.
+Its options are parsed by :mod:`simulators.libero.commands`, which registers the command and
+calls :func:`demos_command`. The episodes and the demo files come from
+:mod:`simulators.libero.demos`; this module picks the tasks and init states, runs them with a
+progress bar, and with ``--report`` summarises the planner on every official init state of
+each task (no cameras) in ``report.json`` and ``report.md``: successes, mean episode steps of
+the successes, failed init states and why, and tasks whose goal the planner does not handle.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from embodied_rl.registry import COMMANDS
 from embodied_rl.runtime.config import ConfigError
 from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
 from simulators.libero.goals import Step, UnsupportedGoalError, goal_steps, parse_goal
-from simulators.libero.planner import PlannerConfig
+from simulators.libero.planner_config import PlannerConfig
 
 
 @dataclass
@@ -173,7 +173,6 @@ def _resolve(ids: Sequence[int] | None, count: int) -> list[int]:
     return list(range(count)) if ids is None else list(dict.fromkeys(int(i) for i in ids))
 
 
-@COMMANDS.register("demos")
 def demos_command(
     *,
     suite: str,

@@ -71,8 +71,6 @@ from simulators.base import (
     check_active,
     check_env_ids,
     check_reset_ids,
-    config_from_options,
-    register_simulator,
     stack_frames,
 )
 from simulators.libero.render import MAX_FRAME_SIZE, TaskRenderer
@@ -88,6 +86,7 @@ from simulators.libero.suites import (
     make_suite,
     proprio_from_obs,
 )
+from simulators.registry import config_from_options, register_simulator
 
 RESET_MODES = ("soft", "hard")
 

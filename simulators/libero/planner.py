@@ -1,7 +1,8 @@
 """A scripted planner for LIBERO, closed-loop on privileged simulator state.
 
 For each step of a task's goal (:mod:`simulators.libero.goals`) the planner drives the end
-effector (eef) through a fixed sequence of phases (:data:`PHASES`), each towards a waypoint:
+effector (eef) through a fixed sequence of phases
+(:data:`~simulators.libero.planner_config.PHASES`), each towards a waypoint:
 
 - :class:`~simulators.libero.goals.PickPlace`: above the object, down to the grasp, close
   the gripper, lift, over the target, down, open, back up; a grasp that does not hold when
@@ -43,232 +44,32 @@ clipped. With gain 1 the controller's goal is exactly the waypoint whenever the 
 within one action's reach, and OSC's critically damped impedance brings the eef there
 without overshoot; further away the action saturates (about 1.2 cm per step).
 
-An object wider than the narrow side of the region it goes ``in`` (libero_10's book and the
-caddy's compartment) is turned while carried, its thinnest side across the region, and its
-shape rather than its body origin is centred in the region.
-
-Grasps are top-down with the fingers vertical (:mod:`simulators.libero.grasp`): across the
-object's narrowest horizontal width (a box across its short side; round objects keep the
-current yaw), turned away from neighbours the hand would hit, ``grasp_depth`` below the
-object's top. Moves at height (approach, carry) rise above every object near the path. The
-held object is placed by its body position, which is what LIBERO's goal tests check.
+The phases' waypoints come from mixins: pick-and-place (grasps, carrying, placing) from
+:mod:`simulators.libero.pick_place_phases`, pushes, drawers and knobs from
+:mod:`simulators.libero.skill_phases`, cavities and doors from
+:mod:`simulators.libero.cavity_phases`; this module is the phase machine that runs them (when a
+phase ends, what comes next, retries and failures) and the control. Its settings are
+:class:`~simulators.libero.planner_config.PlannerConfig`, its progress
+:class:`~simulators.libero.planner_state.PlannerState`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import mujoco
 import numpy as np
 
-from simulators.libero.cavity_phases import CLOSE_DOOR, PUT_INSIDE, CavityPhases
-from simulators.libero.goals import (
-    ClearOf,
-    CloseDoor,
-    CloseDrawer,
-    OpenDrawer,
-    PickPlace,
-    Push,
-    PutInside,
-    Step,
-    TurnOn,
-    UnsupportedGoalError,
-    is_drawer_region,
-)
-from simulators.libero.grasp import (
-    Grasp,
-    GraspLimits,
-    finger_width,
-    path_obstacle_top,
-    plan_grasp,
-    wrap_angle,
-    yaw_of,
-)
-from simulators.libero.privileged import PrivilegedScene, RegionBox
-from simulators.libero.skill_phases import CLOSE, OPEN, SkillPhases, Waypoint
-from simulators.libero.skills import clear_move, knob_grip_points, shift_clear, slot_offset
-
-# The phases of each kind of step, in order; the last one ends the step.
-PICK_AND_PLACE = ("approach", "descend", "close", "lift", "carry", "lower", "release", "retreat")
-PHASES = {
-    PickPlace: PICK_AND_PLACE,
-    ClearOf: PICK_AND_PLACE,  # a pick-and-place to a spot out of the drawer's way
-    Push: ("push_over", "push_down", "push", "push_up"),
-    OpenDrawer: (
-        "handle_above",
-        "handle_front",
-        "handle_in",
-        "grip",
-        "pull",
-        "release",
-        "back_off",
-    ),
-    CloseDrawer: ("shut_over", "shut_down", "shut", "shut_up"),
-    TurnOn: ("approach", "descend", "close", "twist", "release", "retreat"),
-    PutInside: PUT_INSIDE,
-    CloseDoor: CLOSE_DOOR,
-}
-LIVE_PHASES = ("push", "pull", "shut", "twist", "swing")  # waypoints recomputed every step
+from simulators.libero.cavity_phases import CavityPhases
+from simulators.libero.goals import ClearOf, Step, UnsupportedGoalError
+from simulators.libero.grasp import yaw_of
+from simulators.libero.pick_place_phases import PickPlacePhases
+from simulators.libero.planner_config import LIVE_PHASES, PHASES, PlannerConfig
+from simulators.libero.planner_state import PlannerState, rotation_error, waypoint_errors
+from simulators.libero.privileged import PrivilegedScene
+from simulators.libero.skill_phases import OPEN, SkillPhases, Waypoint
 
 
-@dataclass
-class PlannerConfig:
-    """Gains, clearances and phase limits of the planner (metres, radians, env steps).
-
-    Attributes:
-        position_gain / rotation_gain: proportional gains on the eef error, in units of one
-            action's reach (1 = aim the controller exactly at the waypoint).
-        grasp: what makes a grasp feasible (width, depth, gaps to neighbours).
-        approach_height: pre-grasp eef height above the object's top.
-        path_clearance: moving eef / held object's bottom above obstacles on the path.
-        path_margin: horizontal distance from the path within which objects are obstacles
-            (the hand reaches about 10 cm along the finger axis).
-        place_lift: held object's bottom above the place surface when released.
-        position_tolerance / yaw_tolerance: a waypoint counts as reached within these.
-        close_steps / release_steps: gripper steps (min, max) to close and to open.
-        release_opening: a release ends early only with the fingers this far apart (m).
-        settle_steps: after the last step, steps to wait for the success test (a released
-            object may still be landing) before giving up.
-        settle_speed / wait_steps: before the first step, wait (at most ``wait_steps``)
-            until no object moves faster than ``settle_speed`` (m/s): thrown cartons fall
-            at over 1 m/s; a bowl sliding off libero_spatial's ramekin at 0.2 m/s is taken
-            as it slides (waiting for it to settle made its rim grasp fail: task 5, 49/50
-            -> 3/50 at 0.02 m/s).
-        max_attempts: grasp attempts per object before giving up.
-        min_held_width: fingers closer than this (m) hold nothing between them.
-        phase_steps: a phase that has not reached its waypoint after this many steps ends
-            the episode as a planner failure.
-        push_margin: pushing: the pushed dish's path keeps this far from other objects.
-        push_lookahead: pushing: the dish is aimed at the path point this far ahead of it.
-        push_speed: pushing: how far beyond the contact (m) the push aims each step.
-        push_contact: pushing: the fingers' distance from the dish's centre while dragging
-            it (a LIBERO plate's floor is 6 cm across, its rim's foot 8 to 10 cm).
-        push_height: pushing: finger tips' target above the pushed dish's bottom; below it,
-            so that the fingers press on the dish's floor (OSC's stiffness turns the 2 cm into
-            a few newtons): held down, they drag the dish by friction and by the inside of
-            its rim instead of riding up the rim's slope.
-        push_tolerance: pushing ends with the body this close (xy) to the region's centre.
-        handle_standoff: drawers: eef distance in front of the handle before going in.
-        tip_clearance: drawers: the deepest finger point past the handle bar's back face.
-        handle_pitch: drawers: the hand's tilt (tips down, rad) when gripping a handle.
-        pull_overshoot: drawers: pull this far (m) past the middle of the open range.
-        pull_speed: drawers: how far ahead of the eef (m) the pull (the push shut) aims each
-            step.
-        shut_standoff: closing drawers: the eef's distance in front of the drawer's front
-            face when it goes down (a closed finger is 2 cm thick) ...
-        shut_below_top: ... and the finger tips' depth below the face's top edge.
-        shut_pitch: closing drawers: the hand's tilt (rad), tips towards the cabinet.
-        shut_edge_inset: closing drawers: the fingers push the panel this far in from its
-            end away from the robot.
-        rotation_tolerance: a full-rotation waypoint counts as reached within this angle.
-        knob_overturn: knobs: twist this far (rad) past the on threshold.
-        knob_pitch: knobs: the hand's tilt (rad) about its closing axis, tips towards the
-            robot's base.
-        side_tilt: putting inside a cavity: the hand's tilt (rad) from straight down, tips
-            into the cavity (a level hand's fingers slip round the handle; upright, its body
-            meets the roof's front edge) ...
-        side_grip_depth: ... the grip site this far below the handle bar's top ...
-        side_standoff: ... and this far back along the hand's axis before going in.
-        cavity_clearance: the held object's bottom above the cavity's floor as it goes in.
-        cavity_margin: the object keeps this far from the cavity's side walls; it waits,
-            and the finger tips end, this far outside the opening.
-        door_push_radius: doors: the fingers push this far from the hinge (the hand's body,
-            20 cm along the door, ends short of the handle at its free end) ...
-        door_standoff: ... and this far off the panel's outer face.
-        swing_lead: doors: the push aims this far (rad) ahead of the door's angle.
-        clear_margin: clearing: the moved object keeps this far (xy) from the drawer's
-            sweep (room for the fingers of the next grasp) ...
-        place_gap: ... and this far from the objects standing on the table.
-    """
-
-    position_gain: float = 1.0
-    rotation_gain: float = 1.0
-    grasp: GraspLimits = field(default_factory=GraspLimits)
-    approach_height: float = 0.05
-    path_clearance: float = 0.03
-    path_margin: float = 0.08
-    place_lift: float = 0.01
-    position_tolerance: float = 0.01
-    yaw_tolerance: float = 0.08
-    close_steps: tuple[int, int] = (4, 14)
-    release_steps: tuple[int, int] = (3, 12)
-    release_opening: float = 0.06
-    settle_steps: int = 10
-    settle_speed: float = 0.5
-    wait_steps: int = 40
-    max_attempts: int = 2
-    min_held_width: float = 0.003
-    phase_steps: int = 80
-    push_height: float = -0.008
-    push_margin: float = 0.01
-    push_lookahead: float = 0.03
-    push_speed: float = 0.05
-    push_contact: float = 0.03
-    push_tolerance: float = 0.015
-    handle_standoff: float = 0.08
-    tip_clearance: float = 0.012
-    handle_pitch: float = 0.21
-    pull_overshoot: float = 0.005
-    pull_speed: float = 0.02
-    shut_standoff: float = 0.025
-    shut_below_top: float = 0.015
-    shut_pitch: float = 1.0
-    shut_edge_inset: float = 0.008
-    rotation_tolerance: float = 0.1
-    knob_overturn: float = 0.35
-    knob_pitch: float = 0.5
-    side_tilt: float = 1.0
-    side_grip_depth: float = 0.02
-    side_standoff: float = 0.08
-    cavity_clearance: float = 0.02
-    cavity_margin: float = 0.02
-    door_push_radius: float = 0.12
-    door_standoff: float = 0.018
-    swing_lead: float = 0.25
-    clear_margin: float = 0.04
-    place_gap: float = 0.01
-
-
-@dataclass
-class _State:
-    """Mutable progress through the goal (reset for every episode)."""
-
-    step: int = 0  # index into the goal's steps
-    phase: str = "approach"
-    phase_steps: int = 0
-    attempts: int = 1
-    grasp: Grasp | None = None
-    grasped_from: np.ndarray | None = None  # the object's position when its grasp was planned
-    waypoint: Waypoint | None = None
-    last_position: np.ndarray | None = None
-    last_opening: float | None = None
-    still_steps: int = 0  # consecutive steps the eef moved under 0.5 mm
-    gripper_settled: bool = False  # the fingers moved under 0.5 mm in the last step
-    failure: str | None = None
-    history: list[str] = field(default_factory=list)
-    path: np.ndarray | None = None  # a pushed object's planned centre positions (M, 2)
-    clear_goal: tuple[np.ndarray, float] | None = None  # ClearOf: body xy (2,), table height
-    tight: bool = False  # the held object is turned to fit its region (see _place_yaw)
-
-
-def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
-    """Axis-angle ``(3,)`` of the shortest world-frame rotation from ``current`` to ``target``.
-
-    OSC_POSE applies a rotation delta as ``R(delta) @ current``, so this is the delta that
-    reaches ``target``.
-    """
-    quat = np.zeros(4)
-    mujoco.mju_mat2Quat(quat, (target @ current.T).reshape(-1))  # (w, x, y, z)
-    if quat[0] < 0:
-        quat = -quat  # the same rotation; w >= 0 gives the angle in [0, pi]
-    sin_half = np.linalg.norm(quat[1:])
-    if sin_half < 1e-9:
-        return np.zeros(3)
-    return quat[1:] / sin_half * 2.0 * np.arctan2(sin_half, quat[0])
-
-
-class ScriptedPlanner(SkillPhases, CavityPhases):
-    """Waypoint skills through a sequence of goal steps (:data:`PHASES`).
+class ScriptedPlanner(PickPlacePhases, SkillPhases, CavityPhases):
+    """Waypoint skills through a sequence of goal steps
+    (:data:`~simulators.libero.planner_config.PHASES`).
 
     Call :meth:`act` once per env step with the scene in its current state; it returns the
     next ``(7,)`` action. :attr:`failure` is set (and :meth:`act` keeps returning a still,
@@ -291,7 +92,7 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         self.scene = scene
         self.steps = steps
         self.config = config or PlannerConfig()
-        self._s = _State()
+        self._s = PlannerState()
         self.reset()
 
     def reset(self) -> None:
@@ -299,7 +100,7 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         first ``wait`` while an object is thrown about (an init state of libero_10's living room
         throws the milk, the ketchup and the orange juice 45 cm up when it is set: planned
         from where they fly, grasps and heights would be wrong)."""
-        self._s = _State()
+        self._s = PlannerState()
         if self._scene_moving():
             self._enter("wait")
         else:
@@ -359,14 +160,8 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
 
     def _measure(self) -> None:
         """Update the motion and gripper counters once per env step."""
-        s = self._s
         position, _ = self.scene.eef_pose()
-        moved = np.inf if s.last_position is None else np.linalg.norm(position - s.last_position)
-        s.still_steps = s.still_steps + 1 if moved < 5e-4 else 0
-        s.last_position = position
-        opening = self.scene.finger_opening()
-        s.gripper_settled = s.last_opening is not None and abs(opening - s.last_opening) < 5e-4
-        s.last_opening = opening
+        self._s.measure(position, self.scene.finger_opening())
 
     # --- control ------------------------------------------------------------------------------
     def _control(self, waypoint: Waypoint) -> np.ndarray:
@@ -381,16 +176,9 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     def _errors(self) -> tuple[float, float, float]:
-        """``(xy distance, |z error|, |yaw error|)`` of the eef to the current waypoint (for a
-        full-rotation waypoint the angle of the whole rotation error instead of the yaw's)."""
+        """``(xy distance, |z error|, |yaw error|)`` of the eef to the current waypoint."""
         position, rotation = self.scene.eef_pose()
-        waypoint = self._s.waypoint
-        error = waypoint.position - position
-        if waypoint.rotation is None:
-            turn = abs(wrap_angle(waypoint.yaw - yaw_of(rotation)))
-        else:
-            turn = float(np.linalg.norm(rotation_error(waypoint.rotation, rotation)))
-        return float(np.linalg.norm(error[:2])), float(abs(error[2])), turn
+        return waypoint_errors(self._s.waypoint, position, rotation)
 
     @property
     def _step(self) -> Step:
@@ -507,102 +295,10 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         s.history.append(f"{phase}@{len(s.history)}")
         s.waypoint = getattr(self, f"_waypoint_{phase}")()
 
-    def _waypoint_approach(self) -> Waypoint:
-        s, c = self._s, self.config
-        position, rotation = self.scene.eef_pose()
-        obj = self._step.obj
-        s.grasp = self._plan_grasp(yaw_of(rotation), position[:2])
-        s.grasped_from = self.scene.object_position(obj)
-        target = s.grasp.position[:2]
-        blocking = path_obstacle_top(position[:2], target, self._others(obj), c.path_margin)
-        height = max(s.grasp.top + c.approach_height, blocking + c.path_clearance)
-        return Waypoint(np.array([*target, height]), s.grasp.yaw, OPEN, self._hand(s.grasp.yaw))
-
-    def _waypoint_descend(self) -> Waypoint:
-        """The approach's grasp, moved as far as the object has moved since (xy)."""
-        s = self._s
-        moved = self.scene.object_position(self._step.obj) - s.grasped_from
-        position = s.grasp.position + np.array([moved[0], moved[1], 0.0])
-        return Waypoint(position, s.grasp.yaw, OPEN, self._hand(s.grasp.yaw))
-
     def _stay(self, gripper: float) -> Waypoint:
         """The current waypoint's pose with another gripper command (close, grip, release)."""
         waypoint = self._s.waypoint
         return Waypoint(waypoint.position.copy(), waypoint.yaw, gripper, waypoint.rotation)
-
-    def _waypoint_close(self) -> Waypoint:
-        return self._stay(CLOSE)
-
-    _waypoint_grip = _waypoint_close
-
-    def _waypoint_lift(self) -> Waypoint:
-        """Straight up to the carry height, and at least ``approach_height`` off the support."""
-        self._s.tight = self._tight_fit()  # as the object stands, before the hand turns it
-        position, _ = self.scene.eef_pose()
-        height = max(
-            self._carry_height(self._place_target_xy()), position[2] + self.config.approach_height
-        )
-        return Waypoint(np.array([*position[:2], height]), self._s.waypoint.yaw, CLOSE)
-
-    def _waypoint_carry(self) -> Waypoint:
-        position, _ = self.scene.eef_pose()
-        target = self._place_target_xy()
-        height = max(position[2], self._carry_height(target))
-        return Waypoint(np.array([*target, height]), self._place_yaw(), CLOSE)
-
-    def _narrow_side(self) -> tuple[int, float]:
-        """The step's target region's narrower horizontal axis (0 = x, 1 = y) and its width."""
-        box = self.scene.region_box(self._step.target)
-        size = (box.high - box.low)[:2]
-        narrow = int(np.argmin(size))
-        return narrow, float(size[narrow])
-
-    def _tight_fit(self) -> bool:
-        """Whether the step puts its object ``in`` a region whose narrow side is narrower
-        than the object's footprint along it as the object stands now."""
-        step, scene = self._step, self.scene
-        if not (isinstance(step, PickPlace) and step.relation == "in"):
-            return False
-        if not scene.is_site(step.target):
-            return False
-        narrow, width = self._narrow_side()
-        return bool(np.ptp(scene.object_points(step.obj)[:, narrow]) > width)
-
-    def _place_yaw(self) -> float:
-        """The hand's yaw to carry and place the held object: the grasp's, but turned when
-        the object is wider than the narrow side of the region it goes ``in`` so that its
-        thinnest horizontal direction lies along that side (libero_10's book, standing at
-        45 degrees, 10 cm across, into a caddy's 5.5 cm compartment)."""
-        yaw = self._s.waypoint.yaw
-        if not self._s.tight:
-            return yaw
-        narrow, width = self._narrow_side()
-        points = self.scene.object_points(self._step.obj)[:, :2]
-        headings = np.deg2rad(np.arange(0, 180, 5))
-        widths = [finger_width(points, h)[0] for h in headings]
-        thin = float(headings[int(np.argmin(widths))])
-        if min(widths) >= width:
-            return yaw  # does not fit whichever way: go as it is
-        turn = wrap_angle(narrow * np.pi / 2 - thin)
-        turn = min((turn, turn - np.pi, turn + np.pi), key=abs)  # a half turn is the same fit
-        return float(yaw + turn)
-
-    def _waypoint_lower(self) -> Waypoint:
-        position, _ = self.scene.eef_pose()
-        target = self._place_target_xy()
-        return Waypoint(np.array([*target, self._place_height()]), self._s.waypoint.yaw, CLOSE)
-
-    def _waypoint_release(self) -> Waypoint:
-        return self._stay(OPEN)
-
-    def _waypoint_retreat(self) -> Waypoint:
-        """Open, ``approach_height`` straight up from where the eef is (also after a failed
-        grasp, ``reopen``, and after a push, ``push_up``)."""
-        position, _ = self.scene.eef_pose()
-        up = position + np.array([0.0, 0.0, self.config.approach_height])
-        return Waypoint(up, self._s.waypoint.yaw, OPEN)
-
-    _waypoint_reopen = _waypoint_push_up = _waypoint_shut_up = _waypoint_door_up = _waypoint_retreat
 
     def _waypoint_settle(self) -> Waypoint:
         position, _ = self.scene.eef_pose()
@@ -617,129 +313,3 @@ class ScriptedPlanner(SkillPhases, CavityPhases):
         """World points of every movable object but ``obj`` (the obstacles)."""
         names = self.scene.movable_objects() + self.scene.fixtures()
         return [part for n in names if n != obj for part in self.scene.object_parts(n)]
-
-    def _plan_grasp(self, yaw: float, eef_xy: np.ndarray) -> Grasp:
-        """A grasp of the step's object from the scene now, preferring ``yaw`` and sides near
-        ``eef_xy``; a knob's ridge for :class:`TurnOn` (its tabs are obstacles, like the
-        other objects)."""
-        obj = self._step.obj
-        points, obstacles = self.scene.object_points(obj), self._others(obj)
-        if isinstance(self._step, TurnOn):
-            parts = self.scene.body_parts(self.scene.object_joint(obj).body)
-            points = knob_grip_points(parts)
-            top = float(points[:, 2].max())
-            obstacles += [p for p in parts if float(p[:, 2].max()) < top]
-        try:
-            return plan_grasp(
-                points,
-                obstacles,
-                self.scene.gripper_boxes(),
-                yaw,
-                self.config.grasp,
-                eef_xy,
-            )
-        except ValueError as err:
-            raise UnsupportedGoalError(f"cannot grasp {obj!r}: {err}") from None
-
-    # --- placing ------------------------------------------------------------------------------
-    def _held_offset(self) -> tuple[np.ndarray, float]:
-        """Held object's body position minus the eef's ``(3,)``, and its bottom below the eef."""
-        obj = self.steps[self._s.step].obj
-        position, _ = self.scene.eef_pose()
-        bottom = float(self.scene.object_points(obj)[:, 2].min())
-        return self.scene.object_position(obj) - position, float(position[2] - bottom)
-
-    def _place_goal(self) -> tuple[np.ndarray, float]:
-        """Where the held object's body goes (xy ``(2,)``) and the height of its resting surface.
-
-        ``in`` a region: the region's centre, resting on its floor (LIBERO's ``in_box``
-        test needs the body position inside the box). ``on`` a region site: the site's
-        centre, on its top face. ``on`` an object: the object's body xy (LIBERO tests the
-        xy distance of the two bodies), on its highest point.
-        """
-        step = self.steps[self._s.step]
-        scene = self.scene
-        if isinstance(step, ClearOf):
-            return self._s.clear_goal
-        if scene.is_site(step.target):
-            box = scene.region_box(step.target)
-            surface = box.low[2] + 0.01 if step.relation == "in" else box.high[2]
-            centre = box.center[:2] + slot_offset(box.low, box.high, step.slot)
-            if self._s.tight:  # the object's shape, not its body, in the middle of the region
-                points = scene.object_points(step.obj)[:, :2]
-                middle = (points.min(axis=0) + points.max(axis=0)) / 2
-                centre = centre - (middle - scene.object_position(step.obj)[:2])
-            if step.relation == "in" and is_drawer_region(step.target):
-                centre = self._below_open_sky(centre, box)
-            return centre, float(surface)
-        if step.relation == "in":
-            raise UnsupportedGoalError(f"(In {step.obj} {step.target}): target is not a region")
-        top = float(scene.object_points(step.target)[:, 2].max())
-        return scene.object_position(step.target)[:2], top
-
-    def _below_open_sky(self, centre: np.ndarray, box: RegionBox) -> np.ndarray:
-        """``centre`` (body xy ``(2,)``) moved out along the open drawer's axis, half-way
-        between the least shift that clears the held object's footprint of everything above
-        the drawer (the drawers above it and their handles) and the most that keeps it inside
-        the region (the drawer's front wall); ``centre`` when no shift clears them. libero_10's
-        bowl is 10.8 cm across and its bottom drawer leaves it 0 to 3 mm between the two."""
-        step, scene = self._step, self.scene
-        outward = scene.drawer_outward(step.target)[:2]
-        outward = outward / max(float(np.linalg.norm(outward)), 1e-9)
-        footprint = scene.object_points(step.obj)[:, :2] - scene.object_position(step.obj)[:2]
-        footprint = footprint + centre
-        overhangs = [p[:, :2] for p in self._others(step.obj) if float(p[:, 2].min()) > box.high[2]]
-        corners = np.array(
-            [[x, y] for x in (box.low[0], box.high[0]) for y in (box.low[1], box.high[1])]
-        )
-        inside = float((corners @ outward).max() - (footprint @ outward).max())
-        clear = shift_clear(
-            footprint, overhangs, outward, reach=max(inside, 0.0) + 0.05, margin=0.0
-        )
-        if clear is None:
-            return centre
-        return centre + outward * (float(np.linalg.norm(clear)) + inside) / 2
-
-    def _plan_clear(self) -> tuple[np.ndarray, float] | None:
-        """Where :class:`ClearOf` puts its object (body xy ``(2,)``, table height), ``None``
-        when it is clear already: the nearest spot ``clear_margin`` away from the drawer's
-        sweep (the drawer body from where it is to fully open) and ``place_gap`` from the
-        objects standing on the table (pieces above its bottom)."""
-        step, scene = self._step, self.scene
-        points = scene.object_points(step.obj)
-        bottom = float(points[:, 2].min())
-        joint = scene.region_joint(step.region)
-        opened, _ = scene.open_close_qpos(step.region)
-        drawer = np.concatenate(scene.body_parts(joint.body))
-        sweep = np.concatenate([drawer, drawer + (opened - joint.qpos) * joint.axis])
-        standing = [p for p in self._others(step.obj) if float(p[:, 2].max()) > bottom + 0.005]
-        c = self.config
-        keep_out = [(sweep[:, :2], c.clear_margin)] + [(p[:, :2], c.place_gap) for p in standing]
-        move = clear_move(points[:, :2], keep_out, scene.base_position()[:2])
-        if move is None:
-            self._s.failure = f"no free spot on the table to move {step.obj!r} out of the drawer"
-            return None
-        if not move.any():
-            return None
-        return scene.object_position(step.obj)[:2] + move, bottom
-
-    def _place_target_xy(self) -> np.ndarray:
-        """The eef xy that puts the held object's body over the place goal."""
-        goal_xy, _ = self._place_goal()
-        offset, _ = self._held_offset()
-        return goal_xy - offset[:2]
-
-    def _place_height(self) -> float:
-        """The eef height that holds the object ``place_lift`` above the resting surface."""
-        _, surface = self._place_goal()
-        _, below = self._held_offset()
-        return surface + self.config.place_lift + below
-
-    def _carry_height(self, target_xy: np.ndarray) -> float:
-        """The eef height that carries the held object's bottom over everything on the way."""
-        s, c = self._s, self.config
-        position, _ = self.scene.eef_pose()
-        obj = self.steps[s.step].obj
-        blocking = path_obstacle_top(position[:2], target_xy, self._others(obj), c.path_margin)
-        _, below = self._held_offset()
-        return max(blocking + c.path_clearance + below, self._place_height())

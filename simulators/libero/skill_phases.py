@@ -1,10 +1,11 @@
 """The planner's push, drawer and knob phases: their waypoints and exit tests.
 
 :class:`SkillPhases` is a mixin of :class:`~simulators.libero.planner.ScriptedPlanner` (the
-phase machine, the control and pick-and-place live there): its ``_waypoint_<phase>``
-methods compute a phase's :class:`Waypoint` from the scene when the phase starts (or every
-step for the planner's ``LIVE_PHASES``), and :meth:`SkillPhases._skill_phase_done` says when
-one ends. They use the host's ``scene``, ``config`` (a ``PlannerConfig``), ``_s`` (progress),
+phase machine and the control live there, pick-and-place in
+:mod:`simulators.libero.pick_place_phases`): its ``_waypoint_<phase>`` methods compute a
+phase's :class:`Waypoint` from the scene when the phase starts (or every step for the
+planner's ``LIVE_PHASES``), and :meth:`SkillPhases._skill_phase_done` says when one ends. They
+use the host's ``scene``, ``config`` (a ``PlannerConfig``), ``_s`` (a ``PlannerState``),
 ``_step`` (the current goal step) and ``_others``; the geometry is
 :mod:`simulators.libero.skills`.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -19,6 +19,7 @@ from embodied_rl.dag.spec import DagValidationError
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import CONFIG_DIR, ConfigError, compose, load_all_plugins
 from tests.embodied_rl.synthetic_demos import input_overrides
+from tests.hypothesis_profiles import examples
 
 load_all_plugins({})  # the node types of every plugin, as `embodied-rl validate` sees them
 
@@ -41,8 +42,10 @@ VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
     max_leaves=6,
 )
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=examples(60)
+)  # the rest from the profile (tests/hypothesis_profiles.py)
+SLOW = settings(max_examples=examples(25))
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embodied_rl.data.demos import DemoEpisode, write_demo_file
+from embodied_rl.data.demo_writer import DemoEpisode, write_demo_file
 
 TRAIN_INITS = (0, 1, 2, 3, 5, 6, 7, 8)  # none is held out with heldout_every = 5
 INSTRUCTIONS = ("put the bowl on the plate", "open the top drawer")

@@ -357,6 +357,7 @@ def test_the_validate_command_answers_bad_overrides_with_an_error_line(data, nam
             "cannot resolve dag.nodes[0].config.batch_size: Interpolation key 'data.size' not found",
         ),
         (["dag=-1"], "cannot compose 'grpo_llm' with ['dag=-1']"),
+        (["dag=[1,2]"], "cannot compose 'grpo_llm' with ['dag=[1,2]']"),  # found by hypothesis
         (["device=tpu"], "device must be one of ('cpu', 'cuda', 'npu'), got 'tpu'"),
     ],
 )

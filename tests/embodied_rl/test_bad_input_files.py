@@ -21,7 +21,8 @@ import torch
 from embodied_rl import checkpoint
 from embodied_rl.cli import main
 from embodied_rl.data.dataloader import ShardedPromptLoader
-from embodied_rl.data.demos import scan_demo_file, write_demo_file
+from embodied_rl.data.demo_writer import write_demo_file
+from embodied_rl.data.demos import scan_demo_file
 from embodied_rl.runtime.config import compose, validate_config
 from tests.embodied_rl.synthetic_demos import synthetic_episode, write_synthetic_demos
 

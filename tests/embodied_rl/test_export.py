@@ -23,7 +23,7 @@ from embodied_rl import checkpoint
 from embodied_rl import keys as K
 from embodied_rl.cli import main
 from embodied_rl.data.batch import make_batch
-from embodied_rl.export import export_run
+from embodied_rl.export.run import export_run
 from embodied_rl.registry import load_plugins, model_builder
 from embodied_rl.runtime.config import REPO_ROOT, compose
 from embodied_rl.runtime.init_from import load_init_state

@@ -46,7 +46,7 @@ def test_the_rule_accepts_and_refuses_what_it_should():
     assert _defining_module_allowed("rollout.env", "rollout.env")
     assert not _defining_module_allowed("advantage.gae", "embodied_rl.nodes.critic")
     assert not _defining_module_allowed("reward.srpo", "embodied_rl.nodes.rewards")
-    assert not _defining_module_allowed("encode.video", "rollout.encoders")
+    assert not _defining_module_allowed("encode.video", "policies.encoders")
     assert not _defining_module_allowed("advantage.x", "embodied_rl.nodes.advantages")
 
 

@@ -12,7 +12,7 @@ from policies.openvla.configuration import (
     TINY_LIBERO_ARCHITECTURE,
 )
 from policies.openvla.libero_words import UNK, build_libero_word_tokenizer, libero_vocabulary
-from policies.openvla.vla import PROMPT, PromptEncoder
+from policies.openvla.prompt import PROMPT, PromptEncoder
 from policies.openvla_oft.modeling import build_openvla_oft
 from tests.simulators.libero_common import requires_libero
 

@@ -22,8 +22,9 @@ from embodied_rl.registry import POLICIES
 from policies.normalization import Normalizer
 from policies.openvla import OpenVLAPolicy, build_openvla, save_checkpoint
 from policies.openvla.loading import from_published_name, load_weights, to_published_name
+from policies.openvla.prismatic import PrismaticVLA, _cache_argument
+from policies.openvla.prompt import PROMPT
 from policies.openvla.vision import center_crop_resize, images_to_float
-from policies.openvla.vla import PROMPT, PrismaticVLA, _cache_argument
 from tests.policies.bins import check_bin_logprobs
 
 CPU = torch.device("cpu")

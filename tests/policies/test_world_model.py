@@ -13,7 +13,7 @@ from embodied_rl.algorithms.jepa import TubeMaskConfig, latent_l1, tube_mask
 from embodied_rl.data.episode_videos import EpisodeVideo, write_episode_videos
 from embodied_rl.data.video_loader import VideoClipLoader, select_videos
 from embodied_rl.registry import EXPORTERS, model_builder
-from rollout.encoders import build_vjepa2_encoder
+from policies.encoders import build_vjepa2_encoder
 
 CPU = torch.device("cpu")
 TINY = {  # 2 x 4 x 4 tokens of 16 wide

@@ -105,7 +105,7 @@ def test_the_folder_name_is_checked():
 @pytest.mark.libero
 @requires_libero
 def test_record_libero_writes_every_episode_of_a_step(tmp_path):
-    from embodied_rl.runtime.launcher import launch
+    from embodied_rl.launch.launcher import launch
 
     overrides = [
         "trainer.total_steps=1",

@@ -145,8 +145,8 @@ def test_weight_segment_is_removed_on_close():
 
 def _grpo_llm_steps(tmp_path, *overrides):
     """Run 3 steps of ``grpo_llm`` with the vLLM backend; returns the metric lines."""
+    from embodied_rl.launch.launcher import launch
     from embodied_rl.runtime.config import compose
-    from embodied_rl.runtime.launcher import launch
 
     common = ["rollout.backend=vllm", "trainer.total_steps=3", "trainer.checkpoint_every=0"]
     cfg = compose("grpo_llm", [*common, "data.batch_size=8", f"run_dir={tmp_path}", *overrides])

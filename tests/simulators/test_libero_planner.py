@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from embodied_rl.cli import main
-from embodied_rl.data.demos import load_demo, scan_demo_file
+from embodied_rl.data.demo_formats import load_demo
+from embodied_rl.data.demos import scan_demo_file
 from embodied_rl.runtime.config import ConfigError
 from embodied_rl.video import read_video
 from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
@@ -52,7 +53,9 @@ from simulators.libero.grasp import (
     polygons_overlap,
     yaw_of,
 )
-from simulators.libero.planner import PlannerConfig, ScriptedPlanner, rotation_error
+from simulators.libero.planner import ScriptedPlanner
+from simulators.libero.planner_config import PlannerConfig
+from simulators.libero.planner_state import rotation_error
 from simulators.libero.skills import (
     clear_move,
     door_push_point,

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from embodied_rl.registry import SIMULATORS, UnknownNameError
-from simulators.base import Simulator
 from simulators.checker import check_vector_env
 from simulators.reach import ReachVectorEnv, build_reach, expert_actions
+from simulators.registry import Simulator
 from simulators.workers import SHM_PREFIX, ProcessVectorEnv, SimulatorWorkerError
 
 TASKS, INITS = [0, 1, 2, 3], [4, 9, 16, 25]

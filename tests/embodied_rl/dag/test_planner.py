@@ -57,3 +57,28 @@ def test_transfer_between_layouts_involves_the_union():
     assert (0, 2) in groups and (1, 3) in groups and (0, 1) in groups and (0, 1, 2, 3) in groups
     text = format_plan(dag, plans)
     assert "rank 2:" in text and "transfer prompts -> wide" in text and "[receive]" in text
+
+
+def test_plan_names_the_code_of_each_node():
+    """``embodied-rl plan`` leads from a node to its code: ``module:function`` that imports
+    back to the registered function (and its setup)."""
+    import importlib
+
+    from embodied_rl.registry import NODE_TYPES
+
+    nodes = [{"id": "prompts", "type": "data.prompts", "config": {"batch_size": 8}}]
+    dag = validate_dag(nodes, 2)
+    text = format_plan(dag, plan_dag(dag))
+    line = next(x for x in text.splitlines() if x.startswith("  prompts (data.prompts): "))
+    where = line.split(": ", 1)[1]
+    function, _, setup = where.partition(" (setup: ")
+    node_type = NODE_TYPES.get("data.prompts")
+    for named, registered in ((function, node_type.fn), (setup.rstrip(")"), node_type.setup)):
+        if registered is None:
+            assert not named, where
+            continue
+        module, _, qualname = named.partition(":")
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        assert found is registered, (named, registered)

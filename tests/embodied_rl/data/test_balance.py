@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embodied_rl.data.balance import assign_units, bin_loads, load_bound, round_robin
+from tests.hypothesis_profiles import examples
 
 
 def test_hand_checked_assignment() -> None:
@@ -52,7 +53,7 @@ def test_balancing_beats_round_robin_on_skewed_lengths() -> None:
     assert max(lpt) < 0.6 * max(rr)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(
     weights=st.lists(st.integers(min_value=0, max_value=1000), max_size=60),
     num_bins=st.integers(min_value=1, max_value=9),
@@ -77,7 +78,7 @@ def _optimal_max_load(weights: list[int], num_bins: int) -> int:
     return best
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60))
 @given(
     weights=st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=7),
     num_bins=st.integers(min_value=2, max_value=3),

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from embodied_rl import keys as K
+from embodied_rl.data.demo_formats import load_demo
 from embodied_rl.data.demo_loader import DemoLoader, random_shift, resize_frames, select_demos
-from embodied_rl.data.demos import dataset_statistics, load_demo
+from embodied_rl.data.demos import dataset_statistics
 
 LENGTH = 12
 

@@ -8,14 +8,13 @@ import h5py
 import numpy as np
 import pytest
 
+from embodied_rl.data.demo_formats import load_demo
+from embodied_rl.data.demo_writer import DemoEpisode, write_demo_file
 from embodied_rl.data.demos import (
-    DemoEpisode,
     DemoFormatError,
     dataset_statistics,
     find_demo_files,
-    load_demo,
     scan_demo_file,
-    write_demo_file,
 )
 
 

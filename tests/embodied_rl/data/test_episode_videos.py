@@ -6,7 +6,9 @@ import h5py
 import numpy as np
 import pytest
 
-from embodied_rl.data.demos import DemoEpisode, load_demo, scan_demo_file, write_demo_file
+from embodied_rl.data.demo_formats import load_demo
+from embodied_rl.data.demo_writer import DemoEpisode, write_demo_file
+from embodied_rl.data.demos import scan_demo_file
 from embodied_rl.data.episode_videos import (
     EpisodeVideo,
     EpisodeVideoError,

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from embodied_rl import keys as K
+from embodied_rl.data.demo_formats import load_demo
 from embodied_rl.data.demo_loader import DemoLoader, select_demos
-from embodied_rl.data.demos import DemoFormatError, load_demo
+from embodied_rl.data.demos import DemoFormatError
 from embodied_rl.data.lerobot import LeRobotFeatures, scan_lerobot_dataset
 from embodied_rl.nodes.data import DemoDataConfig
 from tests.embodied_rl.data.lerobot_writer import (

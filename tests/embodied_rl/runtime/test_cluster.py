@@ -12,11 +12,13 @@ import time
 import pytest
 
 from embodied_rl.cli import main
-from embodied_rl.runtime.cluster import bundles_that_fit
-from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import RunFailed, launch
+from embodied_rl.launch.launcher import launch
 
 # ray.address of other clusters, and the embedded cluster's own size (ray.num_cpus)
+from embodied_rl.launch.outcome import RunFailed
+from embodied_rl.runtime.cluster import bundles_that_fit
+from embodied_rl.runtime.config import compose
+
 pytestmark = pytest.mark.own_ray_cluster
 
 SMALL = ["data.batch_size=4", "rollout.n=4", "trainer.total_steps=1"]

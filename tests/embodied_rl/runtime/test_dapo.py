@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 
 pytestmark = pytest.mark.ray
 

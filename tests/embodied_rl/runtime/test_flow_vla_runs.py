@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 from policies.flow_vla.configuration import FlowVLAConfig
 from tests.embodied_rl.synthetic_demos import write_synthetic_demos
 

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 

@@ -14,8 +14,8 @@ import statistics
 
 import pytest
 
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf, open_dict
 
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunInterrupted
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import RunStopped
-from embodied_rl.runtime.launcher import RunInterrupted, launch
 from embodied_rl.runtime.worker import DAGWorker, status_path
 
 pytestmark = pytest.mark.ray

@@ -11,8 +11,9 @@ import torch
 from omegaconf import open_dict
 
 from embodied_rl.cli import main
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunFailed
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import RunFailed, launch
 
 pytestmark = pytest.mark.ray
 
@@ -21,6 +22,7 @@ SMALL = [
     "rollout.n=4",
     "trainer.checkpoint_every=1",
     "ray.poll_interval_s=0.2",
+    "trainer.log_to_console=false",
 ]
 COMPARED = ("reward/mean", "loss/policy", "actor/grad_norm", "actor/entropy")
 
@@ -34,8 +36,14 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_writes_run_dir_and_driver_gets_only_small_records(tmp_path):
-    result = _run(tmp_path, "a", "trainer.total_steps=3")
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """The uninterrupted 3-step run: checked for its run dir and the reference of resuming."""
+    return _run(tmp_path_factory.mktemp("full"), "full", "trainer.total_steps=3")
+
+
+def test_train_writes_run_dir_and_driver_gets_only_small_records(full_run):
+    result = full_run
     run_dir = result.run_dir
     assert (run_dir / "config.yaml").exists()
     lines = _metrics(run_dir)
@@ -76,18 +84,21 @@ def test_time_limit_ends_the_run_after_the_step_it_passed_with_a_checkpoint(tmp_
     assert again[1]["time/elapsed_s"] > first
 
 
-def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
-    full = _metrics(_run(tmp_path, "full", "trainer.total_steps=3").run_dir)
-    _run(tmp_path, "cut", "trainer.total_steps=2")
+def test_resume_reproduces_the_uninterrupted_next_steps(tmp_path, full_run):
+    full = _metrics(full_run.run_dir)
+    _run(tmp_path, "cut", "trainer.total_steps=1")
     resumed = _metrics(_run(tmp_path, "cut", "trainer.total_steps=3", "resume=true").run_dir)
     assert [m["step"] for m in resumed] == [0, 1, 2]
-    for key in COMPARED:
-        assert resumed[2][key] == pytest.approx(full[2][key], rel=1e-5, abs=1e-6), key
+    for step in (1, 2):  # the step right after the resume point, and the one after it
+        for key in COMPARED:
+            want = full[step][key]
+            assert resumed[step][key] == pytest.approx(want, rel=1e-5, abs=1e-6), (step, key)
 
 
 @pytest.mark.parametrize(("mode", "what"), [("exit", "died"), ("raise", "failed")])
 def test_failed_worker_stops_the_run_naming_rank_and_node(tmp_path, mode, what):
-    cfg = compose("grpo_llm", [*SMALL, f"run_dir={tmp_path}", "trainer.total_steps=3"])
+    # The fault ends the run in step 1: a second step is all the run needs.
+    cfg = compose("grpo_llm", [*SMALL, f"run_dir={tmp_path}", "trainer.total_steps=2"])
     with open_dict(cfg):
         chaos = {"id": "chaos", "type": "fault.inject", "deps": ["advantage"]}
         chaos["config"] = {"rank": 1, "step": 1, "mode": mode}
@@ -116,24 +127,26 @@ def test_cli_validate_and_plan(capsys):
     assert "totl_steps" in capsys.readouterr().err
 
 
-def test_grpo_with_reference_model_and_kl(tmp_path):
-    result = _run(
-        tmp_path, "kl", "dag=grpo_kl", "algorithm.actor.kl_coef=0.1", "trainer.total_steps=2"
-    )
-    lines = _metrics(result.run_dir)
+@pytest.fixture(scope="module")
+def kl_layout_run(tmp_path_factory):
+    """One run for two checks: GRPO with a reference model and KL, with the rollout on worker
+    0 only and every other node on both (two transfers per step)."""
+    overrides = ["dag=grpo_kl", "algorithm.actor.kl_coef=0.1", "trainer.total_steps=2"]
+    overrides += ["+dag.nodes.1.parallel={workers: [0]}"]  # node 1 is the rollout
+    return _run(tmp_path_factory.mktemp("kl_layout"), "kl_layout", *overrides)
+
+
+def test_grpo_with_reference_model_and_kl(kl_layout_run):
+    lines = _metrics(kl_layout_run.run_dir)
     # The reference starts identical to the actor: KL is exactly 0 before the first update.
     assert lines[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7)
     assert lines[1]["loss/kl"] > 0.0
 
 
-def test_layout_change_between_nodes_moves_data_between_workers(tmp_path):
+def test_layout_change_between_nodes_moves_data_between_workers(kl_layout_run):
     """Rollout on worker 0 only, everything else on both: two transfers per step."""
-    result = _run(
-        tmp_path,
-        "layout",
-        "trainer.total_steps=2",
-        "+dag.nodes.1.parallel={workers: [0]}",
-    )
+    result = kl_layout_run
+    assert compose("grpo_llm", ["dag=grpo_kl"]).dag.nodes[1].id == "rollout"  # the one moved
     lines = _metrics(result.run_dir)
     assert [m["step"] for m in lines] == [0, 1]
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in lines)

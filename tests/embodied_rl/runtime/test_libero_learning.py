@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from embodied_rl.cli import main as cli_main
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from embodied_rl.checkpoint import latest_checkpoint, load_rank_shard
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 
 pytestmark = pytest.mark.ray
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from embodied_rl.cli import main
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunFailed
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.local_cluster import LocalRayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.own_ray_cluster]

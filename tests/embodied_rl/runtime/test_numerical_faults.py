@@ -23,11 +23,12 @@ import embodied_rl.nodes  # noqa: F401  (registers the train, critic and fault n
 import policies  # noqa: F401  (registers the mlp policy)
 from embodied_rl import keys as K
 from embodied_rl.checkpoint import check_weights_only_safe, latest_checkpoint, load_rank_shard
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunFailed
 from embodied_rl.nodes.fault import FaultConfig, poison
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import NodeContext
-from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.models import ModelStore, OptimizerConfig
 from embodied_rl.training.guard import (
     BAD_STEPS_STATE,

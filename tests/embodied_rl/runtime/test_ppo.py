@@ -23,10 +23,10 @@ import policies  # noqa: F401  (registers the causal_lm_critic policy)
 from embodied_rl import keys as K
 from embodied_rl.checkpoint import latest_checkpoint, load_rank_shard
 from embodied_rl.data.layout import Layout
+from embodied_rl.launch.launcher import launch
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.context import MetricSink, NodeContext
-from embodied_rl.runtime.launcher import launch
 from embodied_rl.runtime.models import ModelStore
 from tests.embodied_rl.runtime.ppo_metrics import (
     ONE_CRITIC_UPDATE,

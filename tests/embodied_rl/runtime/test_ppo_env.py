@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from embodied_rl.checkpoint import latest_checkpoint, load_rank_shard
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 from tests.embodied_rl.runtime.ppo_metrics import (
     ONE_CRITIC_UPDATE,
     assert_value_loss_is_half_the_mean_squared_advantage,

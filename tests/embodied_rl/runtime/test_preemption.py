@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from embodied_rl.cli import main
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunPreempted
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import RunPreempted, launch
 from embodied_rl.runtime.worker import status_path
 from tests.embodied_rl.runtime.run_helpers import read_metrics, with_hang_before_train
 

@@ -16,10 +16,11 @@ import torch
 from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
+from embodied_rl.data.demo_formats import load_demo
 from embodied_rl.data.demo_loader import select_demos
-from embodied_rl.data.demos import dataset_statistics, load_demo
+from embodied_rl.data.demos import dataset_statistics
+from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import ConfigError, compose, validate_config
-from embodied_rl.runtime.launcher import launch
 from embodied_rl.runtime.models import ModelStore
 from tests.embodied_rl.synthetic_demos import INSTRUCTIONS, write_synthetic_demos
 

@@ -23,8 +23,9 @@ import psutil
 import pytest
 
 from embodied_rl.checkpoint import latest_checkpoint
+from embodied_rl.launch.launcher import launch
+from embodied_rl.launch.outcome import RunFailed
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import RunFailed, launch
 from embodied_rl.runtime.memory import memory_mb, worker_process_env
 from embodied_rl.runtime.worker import status_path
 from tests.embodied_rl.runtime.run_helpers import read_metrics, with_hang_before_train

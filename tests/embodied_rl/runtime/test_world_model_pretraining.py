@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from embodied_rl.data.episode_videos import EpisodeVideo, write_episode_videos
-from embodied_rl.export import export_run
+from embodied_rl.export.run import export_run
+from embodied_rl.launch.launcher import launch
 from embodied_rl.registry import model_builder
 from embodied_rl.runtime.config import compose
-from embodied_rl.runtime.launcher import launch
 from tests.embodied_rl.synthetic_demos import write_synthetic_demos
 
 pytestmark = pytest.mark.ray

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from embodied_rl.data.episode_videos import EpisodeVideo, write_episode_videos
-from tests.rollout.test_encoders import TINY_OPTIONS  # the tiny V-JEPA 2 (well under 1 s on CPU)
+from tests.policies.test_encoders import TINY_OPTIONS  # the tiny V-JEPA 2 (well under 1 s on CPU)
 
 BENCH = Path(__file__).resolve().parents[3] / "scripts" / "bench"
 

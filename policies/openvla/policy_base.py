@@ -1,216 +1,42 @@
-"""The Prismatic VLA core shared by OpenVLA and OpenVLA-OFT.
+"""What the VLA policies share: the LM input sequence, statistics, checkpoints and the
+micro-batching of ``evaluate``, ``values`` and ``action_mode`` (:class:`VLAPolicyBase`).
 
 Input sequence of one observation (OpenVLA's layout: image tokens right after BOS)::
 
     [BOS] [P image tokens] [proprio token (OFT, optional)] [prompt tokens ... "▁"] [suffix]
 
-with the prompt ``"In: What action should the robot take to {instruction.lower()}?\\nOut:"``.
-OpenVLA appends the SentencePiece space token ``"▁"`` (id 29871 for Llama-2) when the prompt
-does not already end with it, to match training. Prompts of a batch differ in length; they are
-left-padded *inside the prompt block*, so the image tokens and the suffix (action tokens) sit
-at the same index in every row. Padding is masked out and positions count real tokens only,
-so every row computes exactly what it would alone.
-
-Tokenizers without a BOS token (the Qwen2.5 tokenizer the tiny preset uses for the prompt
-text, as no Llama-2 tokenizer is available offline) start the sequence with their EOS token.
+The prompt block is left-padded (``prompt.py``), so the image tokens and the suffix (action
+tokens) sit at the same index in every row. Padding is masked out and positions count real
+tokens only, so every row computes exactly what it would alone.
 
 Shapes: ``N`` observations, ``P`` image tokens, ``T`` prompt tokens, ``D`` LM width.
 """
 
 from __future__ import annotations
 
-import embodied_rl  # noqa: F401  (first: installs the torchvision fix timm/transformers need)
-
-# isort: split
 import abc
-import functools
-import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from embodied_rl import keys as K
 from embodied_rl.checks import check_range
-from policies.causal_lm.tokenizer import build_qwen2_tokenizer, load_tokenizer
 from policies.normalization import Normalizer, select_statistics
-from policies.openvla.action_tokenizer import ActionTokenizer
-from policies.openvla.configuration import (
-    ACTION_DIM,
-    TINY_ARCHITECTURE,
-    TINY_LIBERO_64_ARCHITECTURE,
-    TINY_LIBERO_ARCHITECTURE,
-    VLAArchitecture,
-    VLAOptions,
-)
-from policies.openvla.libero_words import build_libero_word_tokenizer
-from policies.openvla.loading import load_weights, read_checkpoint, save_checkpoint
+from policies.openvla.configuration import ACTION_DIM, VLAOptions
+from policies.openvla.loading import save_checkpoint
+from policies.openvla.prismatic import PrismaticVLA
+from policies.openvla.prompt import PromptEncoder
 from policies.openvla.steps import StepInputs
-from policies.openvla.vision import (
-    FusedVisionBackbone,
-    Projector,
-    center_crop_resize,
-    images_to_float,
-)
+from policies.openvla.vision import center_crop_resize, images_to_float
 
-PROMPT = "In: What action should the robot take to {}?\nOut:"
-SPACE_TOKEN = "▁"
-
-
-class PromptEncoder:
-    """Token ids of OpenVLA prompts, cached per instruction (instructions repeat all the time)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        bos = tokenizer.bos_token_id
-        self.start_id = int(bos if bos is not None else tokenizer.eos_token_id)
-        space = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
-        known = isinstance(space, int) and space != tokenizer.unk_token_id
-        self.space_id = space if known else None
-        self.pad_id = int(
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.start_id
-        )
-        self._cache: dict[str, list[int]] = {}
-
-    def text_ids(self, instruction: str) -> list[int]:
-        """Prompt ids after the start token, ending with the space token when there is one."""
-        if instruction not in self._cache:
-            prompt = PROMPT.format(instruction.lower())
-            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if self.space_id is not None and (not ids or ids[-1] != self.space_id):
-                ids.append(self.space_id)
-            self._cache[instruction] = ids
-        return self._cache[instruction]
-
-    def batch(self, instructions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids (N, T) int64 and their mask (N, T) int64."""
-        rows = [self.text_ids(text) for text in instructions]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-        return ids, mask
-
-
-class PrismaticVLA(nn.Module):
-    """Vision backbone + projector + Llama, with the action vocabulary (published names).
-
-    Attributes:
-        vision_backbone: :class:`FusedVisionBackbone`.
-        projector: fused features (N, P, D_vision) -> LM embeddings (N, P, D).
-        language_model: ``LlamaForCausalLM``.
-        action_tokenizer: the 256 action ids at the end of the vocabulary.
-    """
-
-    def __init__(self, arch: VLAArchitecture) -> None:
-        super().__init__()
-        self.arch = arch
-        self.vision_backbone = FusedVisionBackbone(
-            arch.timm_model_ids, arch.image_size, arch.timm_override_act_layers
-        )
-        llm_config = LlamaConfig(**dict(arch.text_config))
-        self.projector = Projector(self.vision_backbone.embed_dim, llm_config.hidden_size)
-        self.language_model = LlamaForCausalLM(llm_config)
-        self.action_tokenizer = ActionTokenizer(
-            arch.vocab_size, arch.padded_vocab_size, arch.n_action_bins
-        )
-
-    @property
-    def hidden_size(self) -> int:
-        return self.language_model.config.hidden_size
-
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """(N, T) ids -> (N, T, D) LM input embeddings."""
-        return self.language_model.get_input_embeddings()(ids)
-
-    def image_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(N, 6, S, S) normalised pixels -> (N, P, D) LM-space image tokens."""
-        return self.projector(self.vision_backbone(pixel_values))
-
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: Any = None,
-        use_cache: bool = False,
-    ) -> Any:
-        """The Llama decoder (no LM head) on (N, L, D) embeddings; returns its output (its KV
-        cache: :meth:`kv_cache`)."""
-        decoder = self.language_model.model
-        return decoder(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=use_cache,
-            **{_cache_argument(type(decoder)): cache},
-        )
-
-    @staticmethod
-    def kv_cache(output: Any) -> Any:
-        """The KV cache of a :meth:`decode` output made with ``use_cache=True``."""
-        return output["cache"] if "cache" in output else output["past_key_values"]
-
-    def action_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits (..., 256) of the action ids from hidden states (..., D).
-
-        Equal to ``lm_head(hidden)[..., action_tokenizer.logit_slice]`` but multiplies only the
-        256 action rows of the output layer (and in float32, for stable log-probs).
-        """
-        tok = self.action_tokenizer
-        head = self.language_model.get_output_embeddings()
-        weight = head.weight[tok.first_id : tok.vocab_size].float()
-        bias = None if head.bias is None else head.bias[tok.first_id : tok.vocab_size].float()
-        return F.linear(hidden.float(), weight, bias)
-
-
-@functools.cache
-def _cache_argument(decoder_cls: type) -> str:
-    """``cache``, or ``past_key_values`` before transformers renamed it (5.24 warns on it)."""
-    names = inspect.signature(decoder_cls.forward).parameters
-    return "cache" if "cache" in names else "past_key_values"
-
-
-def sample_action_index(
-    logits: torch.Tensor, temperature: float, do_sample: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample from ``softmax(logits / temperature)`` (or take the argmax).
-
-    Sampling runs on the CPU with the global CPU generator, so that a rollout seeded with
-    ``torch.manual_seed`` is reproducible whatever device the model is on.
-
-    Args:
-        logits: (M, 256) float32 action logits.
-
-    Returns:
-        index: (M,) int64 position in the action slice; logprob: (M,) float32 its log-prob
-        under the tempered distribution (also for greedy decoding).
-    """
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    if do_sample:
-        index = torch.multinomial(logprobs.exp().cpu(), 1).squeeze(1).to(logits.device)
-    else:
-        index = logprobs.argmax(dim=-1)
-    return index, logprobs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-
-
-def categorical_scores(
-    logits: torch.Tensor, index: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of ``index`` (...,) and entropy (...,) under ``softmax(logits (..., V) / t)``."""
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    chosen = logprobs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    return chosen, entropy
+if TYPE_CHECKING:  # type only: importing ``policies`` must not import transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 class VLAPolicyBase(nn.Module, abc.ABC):
@@ -508,44 +334,3 @@ def make_value_head(hidden_size: int, seed: int) -> nn.Linear:
             nn.init.normal_(head.weight, std=1e-3)
             nn.init.zeros_(head.bias)
     return head
-
-
-# Preset name -> (architecture, its prompt tokenizer); keys are configuration.PRESETS.
-PRESET_BUILDS = {
-    "tiny": (TINY_ARCHITECTURE, build_qwen2_tokenizer),
-    "tiny_libero": (TINY_LIBERO_ARCHITECTURE, build_libero_word_tokenizer),
-    "tiny_libero_64": (TINY_LIBERO_64_ARCHITECTURE, build_libero_word_tokenizer),
-}
-
-
-def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.device) -> Any:
-    """Build ``cls(vla, tokenizer, options, norm_stats)`` from a preset or a checkpoint.
-
-    Presets are random-init under ``options.seed`` (without touching the global RNG), so all
-    ranks build identical replicas. Checkpoints are built on the meta device (no random
-    init of 7B parameters) and their tensors assigned.
-    """
-    if options.preset is not None:
-        architecture, build_tokenizer = PRESET_BUILDS[options.preset]
-        tokenizer = _tokenizer(options.tokenizer_path) or build_tokenizer()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(options.seed)
-            policy = cls(PrismaticVLA(architecture), tokenizer, options, None)
-    else:
-        checkpoint = read_checkpoint(options.path)
-        tokenizer = _tokenizer(options.tokenizer_path) or load_tokenizer(checkpoint.folder)
-        with torch.device("meta"):
-            vla = PrismaticVLA(checkpoint.architecture)
-            policy = cls(vla, tokenizer, options, checkpoint.norm_stats)
-        load_weights(policy, checkpoint.folder)
-    rows = policy.vla.language_model.get_output_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
-        raise ValueError(f"tokenizer has {len(tokenizer)} ids, the LM only {rows} output rows")
-    policy.to(device=device, dtype=options.torch_dtype)
-    if options.gradient_checkpointing:
-        policy.vla.language_model.gradient_checkpointing_enable()
-    return policy.eval()
-
-
-def _tokenizer(path: str | None) -> PreTrainedTokenizerBase | None:
-    return None if path is None else load_tokenizer(path)

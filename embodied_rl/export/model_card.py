@@ -12,18 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
 from embodied_rl.eval_episodes import RESULTS_FILE
+from embodied_rl.export.result import ExportedModel, ExportResult
 from embodied_rl.metrics import METRICS_FILE, read_metrics
 from embodied_rl.runtime.init_from import RUN_CONFIG
 from embodied_rl.runtime.run_folder import COMMAND_FILE
-
-if TYPE_CHECKING:
-    from embodied_rl.export import ExportedModel, ExportResult
 
 CARD_FILE = "README.md"
 
@@ -116,7 +114,7 @@ def _command(run_dir: Path) -> str:
     if not path.is_file():
         return (
             "## Training command\n\nNot recorded: the run was started through the Python API "
-            "(`embodied_rl.runtime.launcher.launch`), not the `embodied-rl` command. The "
+            "(`embodied_rl.launch.launcher.launch`), not the `embodied-rl` command. The "
             "config below is complete: `embodied-rl train --config-name <its name>` with its "
             "values as overrides reproduces it."
         )

@@ -1,15 +1,6 @@
-"""``embodied-rl export``: a run's policy in the Hugging Face layout, with a model card.
+"""``embodied-rl export``: build a run's models, load a checkpoint, write the export folder.
 
-Reads a run folder written by ``embodied-rl train`` (its ``config.yaml`` and one sealed
-checkpoint, the newest by default) and writes::
-
-    <out>/README.md    the model card: how to load it, the training command, data, config,
-                       evaluation results (model_card.py)
-    <out>/...          the actor, as its policy writes itself (registry.EXPORTERS, e.g.
-                       config.json, model.safetensors, dataset_statistics.json, tokenizer)
-    <out>/critic/...   the critic, with ``critic=True``
-
-The model is built from the run's options and loaded with the checkpoint's weights and
+The models are built from the run's options and loaded with the checkpoint's weights and
 statistics buffers exactly as ``init_from`` does (``runtime/init_from.py``), on the CPU; no
 Ray, no run state. The folder is written under a temporary name and renamed into place, so
 an export that fails leaves ``out`` as it was.
@@ -21,7 +12,6 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +19,9 @@ import torch
 from omegaconf import OmegaConf
 
 from embodied_rl import checkpoint
+from embodied_rl.export.model_card import write_model_card
+from embodied_rl.export.result import ExportedModel, ExportResult
 from embodied_rl.interfaces import Exported
-from embodied_rl.model_card import write_model_card
 from embodied_rl.registry import EXPORTERS, model_builder
 from embodied_rl.runtime.config import load_all_plugins
 from embodied_rl.runtime.config_compose import one_line
@@ -38,31 +29,6 @@ from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.init_from import RUN_CONFIG, InitFromError, InitSource, load_init_state
 
 CRITIC_FOLDER = "critic"
-
-
-@dataclass
-class ExportedModel:
-    """One model of the export: its role (``actor``/``critic``), name, policy and options in
-    the run, its folder, how it loads (:class:`~embodied_rl.interfaces.Exported`) and the
-    files its exporter wrote there."""
-
-    role: str
-    model: str
-    policy: str
-    options: dict[str, Any]
-    folder: Path
-    loading: Exported
-    files: list[str]
-
-
-@dataclass
-class ExportResult:
-    """What :func:`export_run` wrote: ``out``, the checkpoint exported, the models."""
-
-    out: Path
-    checkpoint: Path
-    step: int
-    models: list[ExportedModel]
 
 
 def export_run(

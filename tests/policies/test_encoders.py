@@ -1,7 +1,11 @@
-"""Video encoders for SRPO: frame sampling, preprocessing, the cheap and V-JEPA 2 encoders."""
+"""Video encoders for SRPO (``policies/encoders/``): frame sampling, preprocessing, the cheap
+and V-JEPA 2 encoders, and the ``encode.video`` node that calls them through the registry."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -9,17 +13,14 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.data.episode_videos import sample_frame_indices
 from embodied_rl.data.layout import Layout
 from embodied_rl.nodes.encode import EncodeVideoConfig, encode_video_node
 from embodied_rl.registry import NODE_TYPES, VIDEO_ENCODERS
 from embodied_rl.runtime.context import MetricSink, NodeContext
-from rollout.encoders import (
-    pool_tokens,
-    preprocess_clips,
-    sample_clips,
-    sample_frame_indices,
-)
+from policies.encoders import pool_tokens, preprocess_clips, sample_clips
 
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 TINY_VJEPA2 = {
     "patch_size": 8,
@@ -254,3 +255,26 @@ def test_encode_video_node_micro_batches():
     assert out[1].tolist() == [0.0] * 37
     with pytest.raises(ValueError):
         EncodeVideoConfig(micro_batch_size=0)
+
+
+def test_the_policies_plugin_registers_the_encoders():
+    """In a fresh process (as a worker loads its plugins by name), ``rollout`` registers no
+    encoder and ``policies`` registers both, so configs naming them keep working."""
+    code = textwrap.dedent(
+        """
+        from embodied_rl.registry import VIDEO_ENCODERS, load_plugins
+
+        load_plugins(["rollout"])
+        print("rollout", VIDEO_ENCODERS.names())
+        load_plugins(["policies"])
+        print("policies", VIDEO_ENCODERS.names())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines() == [
+        "rollout []",
+        "policies ['video_encoder.cheap', 'video_encoder.vjepa2']",
+    ], result.stdout

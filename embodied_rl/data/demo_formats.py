@@ -1,0 +1,49 @@
+"""Which reader reads a demonstration path: a LeRobot dataset folder, or HDF5 demo files.
+
+``data.paths`` of ``data.demos`` may name either, mixed: a folder with ``meta/info.json`` is
+a LeRobot dataset (``lerobot.py``), any other path holds LIBERO HDF5 files (``demos.py``).
+Both readers return the same :class:`~embodied_rl.data.demos.DemoInfo` and
+:class:`~embodied_rl.data.demos.Demo`, so the loader above (``demo_loader.py``) never asks
+which format a demo came from. This module sits above both readers: they import neither it
+nor each other's loading code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from embodied_rl.data.demos import (
+    Demo,
+    DemoInfo,
+    find_demo_files,
+    load_hdf5_demo,
+    scan_demo_file,
+)
+from embodied_rl.data.lerobot import (
+    LeRobotFeatures,
+    is_lerobot_dataset,
+    load_lerobot_demo,
+    scan_lerobot_dataset,
+)
+
+
+def scan_demos(paths: Sequence[str], lerobot: LeRobotFeatures | None = None) -> list[DemoInfo]:
+    """Every demo under ``paths``, in path order: a LeRobot dataset folder (``meta/info.json``)
+    gives its episodes (mapped by ``lerobot``, default :class:`LeRobotFeatures`), any other
+    path its HDF5 files' demos (a folder: its ``*.hdf5``)."""
+    infos: list[DemoInfo] = []
+    for path in paths:
+        if is_lerobot_dataset(path):
+            infos += scan_lerobot_dataset(path, lerobot or LeRobotFeatures())
+        else:
+            infos += [info for file in find_demo_files([path]) for info in scan_demo_file(file)]
+    return infos
+
+
+def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:
+    """Read one demo's actions, proprio and the frames of ``cameras`` into memory, with the
+    reader that scanned it: an episode of a LeRobot dataset (``info.lerobot`` set), else an
+    HDF5 demo."""
+    if info.lerobot is not None:
+        return load_lerobot_demo(info, cameras)
+    return load_hdf5_demo(info, cameras)
