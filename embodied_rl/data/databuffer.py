@@ -17,8 +17,8 @@ collectively. There is no coordinator actor and no driver hop:
 
 Why one byte buffer for all keys and dtypes instead of one collective per key: each gloo
 collective costs a round of messages between every pair of ranks, which dominates for the
-small per-step batches of RL (measured: BENCHMARKS.md, "Figures formerly in code
-comments"). Packing costs one ``index_select`` copy per key on the sender and one ``cat``
+small per-step batches of RL (measured: docs/benchmarks/code_figures.md). Packing costs one
+``index_select`` copy per key on the sender and one ``cat``
 per key on the receiver.
 
 Fields are the batch's top-level keys: tensors (moved as raw bytes, any dtype) and non-tensor
@@ -329,7 +329,7 @@ def _unpack(
             offsets[s] += counts[s] * width
         # A fresh buffer at offset 0, so the dtype view below is aligned. One part (the usual
         # case: one source per destination) is cloned: torch.cat of a single 1-D uint8 tensor
-        # is slower than clone on CPU (BENCHMARKS.md, "Figures formerly in code comments").
+        # is slower than clone on CPU (docs/benchmarks/code_figures.md).
         data = parts[0].clone() if len(parts) == 1 else torch.cat(parts)
         dtype, shape = schema[key]
         out[key] = data.view(dtype).reshape(total, *shape)

@@ -111,8 +111,8 @@ def token_counter(tokenizer: Any, limit: int) -> Callable[[list[str]], list[int]
     any text (special tokens, a word-boundary marker): byte-level BPE, SentencePiece and
     WordPiece tokens each cover at least one byte. A prompt whose bound is within ``limit``
     is therefore not tokenised: with a generous limit the start-up check then costs JSON
-    parsing alone, a small fraction of tokenising every row (measured: BENCHMARKS.md,
-    "Figures formerly in code comments").
+    parsing alone, a small fraction of tokenising every row (measured:
+    docs/benchmarks/code_figures.md).
     """
     overhead = len(tokenizer("")["input_ids"]) + 1
 

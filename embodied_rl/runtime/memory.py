@@ -1,7 +1,8 @@
 """Process memory: what a worker reads of its RSS, and the C allocator settings that keep it flat.
 
-Why a DAG worker's RSS grew on LIBERO (issue 15, measured; numbers in BENCHMARKS.md, "Embodied
-worker memory"): not a leak of objects but glibc's malloc. glibc gives a thread that allocates
+Why a DAG worker's RSS grew on LIBERO (issue 15, measured; numbers in
+docs/benchmarks/worker_memory.md): not a leak of objects but glibc's malloc. glibc gives a
+thread that allocates
 its own arena (up to 8 per core), and an arena hands memory back to the OS only from its top.
 A worker allocates from several threads: Ray runs actor calls in a thread pool, gloo and the
 TensorBoard writer have threads of their own. Building a LIBERO scene allocates and frees

@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rl-minutes", type=float, default=120.0, help="RL wall-time budget")
     parser.add_argument("--eval-every", type=int, default=10, help="RL steps between evals")
     parser.add_argument("--temperature", type=float, default=0.3)
-    # Defaults: the configuration that met the 2-hour target (BENCHMARKS.md, third attempt);
+    # Defaults: the configuration that met the 2-hour target (docs/benchmarks/libero_learning.md);
     # the first two attempts used --rl-groups 4 --rl-lr 1e-4 --rl-warmup 0 --loss-agg token-mean.
     parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument(

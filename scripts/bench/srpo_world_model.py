@@ -45,7 +45,7 @@ standard deviation over seeds) of test success.
 ``flow_vla_tiny``, SFT'd by ``sft_libero`` with that ``policy=``); another policy's runs live
 under ``<runs>/<policy>/`` and its results are ``srpo_world_model_<policy>.{json,png}``, so
 every policy is compared on the same tasks, splits and budget without mixing results (the
-policies' table of BENCHMARKS.md runs ``--methods srpo_pooled_pixels`` for each, with the
+table of docs/benchmarks/policies_task0.md runs ``--methods srpo_pooled_pixels`` for each, with the
 policy's own ``--temperature`` and ``--rl-lr``). With ``--tasks`` the start is evaluated on
 those tasks only. ``--world-model`` is needed by the ``srpo_world_model`` method only. Each
 run's row also has its median seconds per RL step, peak worker memory and the sampled
@@ -53,7 +53,8 @@ training rollouts' success (first step, mean of the last three).
 
 The world model's encoder pools its tokens with ``--world-model-pooling`` (default
 ``mean_and_end``: chosen on the validation videos of ``world_model_latents.py``, where it
-separated successes best among the pretrained model's poolings; BENCHMARKS.md).
+separated successes best among the pretrained model's poolings;
+docs/benchmarks/world_model_pretraining.md).
 
 Run (about 35 minutes per (method, seed) on 2 idle cores: 30 of RL, then the test
 evaluation; 9 runs, resumable, so a session can take a few of them)::

@@ -17,8 +17,8 @@ state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
   them, by task, and a reset gives env ``i`` an idle scene of its task when there is one,
   builds one otherwise and closes the least recently used idle scenes beyond that, then
   gives the freed heap back to the OS (:func:`~embodied_rl.runtime.memory.release_free_heap`).
-  What stays (figures for libero_spatial in BENCHMARKS.md, "Figures formerly in code
-  comments"): each scene (its model has no texture pixels: :mod:`simulators.libero.scene`),
+  What stays (figures for libero_spatial in docs/benchmarks/code_figures.md): each scene (its
+  model has no texture pixels: :mod:`simulators.libero.scene`),
   the task's renderer, shared by its scenes and the larger part (the GL copy of the
   textures, each image once: :mod:`simulators.libero.render`), robosuite's numba and LLVM
   once per process, and MuJoCo's asset cache.
@@ -113,7 +113,7 @@ class LiberoConfig:
             an order of magnitude faster); ``hard`` rebuilds the MuJoCo model for every episode.
         max_cached_tasks: built scenes kept per env (by task, least recently used closed
             first); 1 keeps the scenes in use only. Each costs RAM (plus the task's renderer;
-            sizes in BENCHMARKS.md, "Figures formerly in code comments").
+            sizes in docs/benchmarks/code_figures.md).
     """
 
     suite: str = "libero_spatial"

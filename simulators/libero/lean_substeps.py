@@ -6,7 +6,7 @@ gripper through several layers of Python: name-to-id lookups, properties that re
 index lists, four Jacobian queries where two give the same numbers, and an ``update`` of each of
 the env's ~37 observables, which on 23 of the 25 substeps only adds the model timestep to its
 timer. Without it the physics of an env chunk (8 env steps) costs 0.77-0.88 of what it did
-(BENCHMARKS.md, "Leaner substeps"). Here:
+(docs/benchmarks/libero_step_parts.md). Here:
 
 - :class:`ArmSubsteps` computes what robosuite's ``SingleArm.control(action,
   policy_step=False)`` computes for an operational-space (``OSC_POSE``) arm with a Panda

@@ -11,7 +11,7 @@ carry no texture pixels (:mod:`simulators.libero.scene`): the renderer is made f
 model of the task's XML and draws any of them, which have the same texture ids. Its context
 has no shadow map when no light casts shadows (LIBERO's lights do not): MuJoCo would
 allocate one of the model's ``shadowsize`` (4096 x 4096 in LIBERO) and never
-draw into it. Renderer sizes before and after both: BENCHMARKS.md, "Embodied worker memory".
+draw into it. Renderer sizes before and after both: docs/benchmarks/worker_memory.md.
 
 A frame is drawn as robosuite draws its camera observations: the named fixed camera, the
 visual geom group only (robosuite's defaults ``render_visual_mesh=True``,

@@ -36,7 +36,7 @@ matter to drawing, and frames are drawn by the task's shared renderer, whose GL 
 made once from the full model with the same merged texture list
 (:meth:`LiberoScene.textured_model`): the pixels are robosuite's (tested against a raw LIBERO
 env). The model is a fraction of the full one's size (the decoded PNG textures are most of
-it) and compiles several times faster (BENCHMARKS.md, "Embodied worker memory"); without
+it) and compiles several times faster (docs/benchmarks/worker_memory.md); without
 this every built scene held its own copy of the task's textures.
 
 Observations. robosuite samples observations inside a step, after the 24th of its 25
@@ -108,7 +108,7 @@ def with_shared_textures(xml: str) -> str:
 
     LIBERO gives each object instance a texture of its own: the two black bowls of every
     libero_spatial task are two copies of one large PNG, each again in a GL context (RGBA
-    and mipmaps; sizes: BENCHMARKS.md, "Embodied worker memory"). Merged, the pixels are
+    and mipmaps; sizes: docs/benchmarks/worker_memory.md). Merged, the pixels are
     the same (tested). A drawn geom takes its texture
     id from the model it is drawn from, so the scene models merge alike
     (:func:`without_texture_pixels`): all of a task's models share one texture list.
@@ -338,7 +338,7 @@ class LiberoScene:
         (:func:`with_shared_textures`), for a renderer's GL context (costly in time and RAM
         while it lives). MuJoCo keeps the decoded textures in its process-wide asset cache
         (500 MB at most, with the meshes): the next renderer of any task that uses them is
-        made faster (BENCHMARKS.md, "Figures formerly in code comments")."""
+        made faster (docs/benchmarks/code_figures.md)."""
         return mujoco.MjModel.from_xml_string(with_shared_textures(self.xml()))
 
     @property
@@ -370,8 +370,7 @@ class LiberoScene:
         """One env step (25 physics substeps); robosuite's raw observation dict.
 
         The same numbers as robosuite's own ``env.step`` (tested bit for bit), faster
-        (:func:`step_with_split_substeps`; BENCHMARKS.md, "One pipeline pass per physics
-        substep").
+        (:func:`step_with_split_substeps`; docs/benchmarks/libero_step_parts.md).
         """
         return step_with_split_substeps(self._env, list(action))
 

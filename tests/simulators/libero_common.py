@@ -1,7 +1,7 @@
 """What the LIBERO test modules share: the skip marker, the env's options, a task and moves.
 
 LIBERO is slow on 2 CPU cores (scene builds and hard resets take seconds, a frame tens of
-milliseconds; BENCHMARKS.md, "Figures formerly in code comments"),
+milliseconds; docs/benchmarks/code_figures.md),
 so each module builds one module-scoped env of these options (libero_goal task 0, "open the
 middle drawer of the cabinet", 64 px, ``max_steps=4``) for most of its tests, and episodes
 are a handful of steps.

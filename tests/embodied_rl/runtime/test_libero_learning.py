@@ -12,7 +12,7 @@ A broken demo writer or reader, action normalisation, gripper convention, loss o
 hand-over leaves the arm short of the basket (the random-init policy never gets there); a
 broken reward, advantage or policy loss leaves the RL success where the SFT policy put it or
 lowers it (see the RL test's docstring for the margin). The same RL test with ``mlp_image``
-(until session 30; its measurements: BENCHMARKS.md, "The reduced version CI runs") gave way
+(its measurements: docs/benchmarks/slow_tests.md) gave way
 to the VLA's within the same CI minutes.
 """
 
@@ -83,7 +83,7 @@ def sft_run(tmp_path_factory) -> Path:
     return launch(compose("sft_libero", overrides), show_progress=False).run_dir
 
 
-@pytest.mark.timeout(1200)  # the SFT fixture; timings: BENCHMARKS.md, "The reduced version CI runs"
+@pytest.mark.timeout(1200)  # the SFT fixture; timings: docs/benchmarks/slow_tests.md
 def test_one_demo_sft_replays_its_task_to_success(sft_run):
     lines = _metrics(sft_run)
     assert lines[-1]["sft/loss"] < 0.25 * lines[0]["sft/loss"], (lines[0], lines[-1])
@@ -97,13 +97,13 @@ def test_one_demo_sft_replays_its_task_to_success(sft_run):
 OFT_STEPS = 6
 
 
-@pytest.mark.timeout(1800)  # 6-24 minutes: BENCHMARKS.md, "The VLA's slow test"
+@pytest.mark.timeout(1800)  # 6-24 minutes: docs/benchmarks/slow_tests.md
 def test_srpo_raises_the_shipped_oft_policy_on_its_task(tmp_path):
     """The main job (``srpo_oft_libero``: OpenVLA-OFT from the shipped one-demo SFT
     checkpoint, SRPO on libero_object task 0's 40 training init states, 4 groups x 8 episodes
     a step at temperature 0.05) for ``OFT_STEPS`` steps, without its evaluations.
 
-    Measured on 2 idle cores (BENCHMARKS.md, "The VLA's slow test"): rollout success (32
+    Measured on 2 idle cores (docs/benchmarks/slow_tests.md): rollout success (32
     episodes a step), first three steps -> last three, on an AMD EPYC machine 0.32 -> 0.58 (6.3
     minutes); on an Intel Xeon machine 0.34 -> 0.49 (16-24 minutes; the float results, hence the
     sampled episodes, differ between the two CPUs). The same run at lr 1e-9 (the seeded draws
