@@ -1,0 +1,61 @@
+"""scripts/bench/main_job.py: what it reads from a finished run folder, and its resume rule.
+
+The run itself (``embodied-rl train --config-name srpo_oft_libero``, 7-10 minutes) is the
+benchmark; here the folder is written by hand in the layout the run writes
+(``metrics.jsonl``, ``eval/results.jsonl`` with a line per step and task), so every number
+the script reports is checked against a hand count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.scripts.bench.test_world_model_latents import _import_bench
+
+main_job = _import_bench("main_job")
+
+
+def _write_run(run_dir) -> None:
+    rows = [
+        {"step": 0, "rollout/success_rate": 0.25, "time/step": 61.0},
+        {"step": 0, "eval/success_rate": 0.2},  # the evaluation's own row has no rollouts
+        {"step": 1, "rollout/success_rate": 0.5, "time/step": 55.5},
+    ]
+    (run_dir / "eval").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = [  # two tasks at step 0 (before RL), one at step 2 (after)
+        {"step": 0, "task": 0, "episodes": 6, "successes": 1},
+        {"step": 0, "task": 1, "episodes": 4, "successes": 1},
+        {"step": 2, "task": 0, "episodes": 10, "successes": 5},
+    ]
+    (run_dir / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+
+
+def test_a_runs_numbers_are_read_from_its_folder(tmp_path):
+    _write_run(tmp_path)
+    result = main_job.run_result(tmp_path, ["cmd"], 3, 450.0)
+    assert result["rollout_success"] == [0.25, 0.5]
+    assert result["step_s"] == [61.0, 55.5]
+    assert result["held_out_before"] == {"successes": 2, "episodes": 10}  # summed over tasks
+    assert result["held_out_after"] == {"successes": 5, "episodes": 10}
+    assert result["held_out_steps"] == [0, 2] and result["wall_min"] == 7.5
+    row = main_job.table_row(result)
+    assert row["seed"] == 3 and row["s/step"] == "56-61"
+    assert row["rollouts first -> last"] == "0.25 -> 0.50"
+    assert row["held-out before -> after"] == "2/10 -> 5/10"
+
+
+def test_a_finished_run_is_reused_only_for_the_same_command(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    command = [sys.executable, "-c", "pass"]
+    (run_dir / main_job.WALL_FILE).write_text(json.dumps({"command": command, "wall_s": 123.0}))
+    assert main_job.timed_run(run_dir, command, fresh=False) == 123.0  # not rerun
+    other = [sys.executable, "-c", "import sys"]
+    wall_s = main_job.timed_run(run_dir, other, fresh=False)  # another command: rerun
+    assert (
+        wall_s < 60 and json.loads((run_dir / main_job.WALL_FILE).read_text())["command"] == other
+    )
+    assert main_job.train_command(run_dir, None)[-1] == f"run_dir={run_dir}"
+    assert main_job.train_command(run_dir, 2)[-2:] == [f"run_dir={run_dir}", "seed=2"]
