@@ -78,9 +78,6 @@ _RUN_A = (
     "table only; a complete rerun of the script writes one"
 )
 NO_JSON_YET: dict[str, str] = {
-    "the main job `srpo_oft_libero` as shipped (6 steps)": (
-        f"{_MAIN_JOB}; scripts/bench/main_job.py writes its JSON (docs/benchmarks/main_job.json)"
-    ),
     "the main job at half the episodes a step": (
         f"{_MAIN_JOB}; scripts/bench/main_job.py runs the shipped configuration only, a run of "
         "this one (data.batch_size=4 rollout.group_size=4) by a bench script would write it"
