@@ -5,7 +5,7 @@ README.md, BENCHMARKS.md, RELIABILITY.md and every docs/**/*.md may not use, in 
 - the first person: the whole words *we*, *our*, *ours*, *ourselves*, *us* (not the unit after
   a number, ``40 us``) and *let's*, in any case; *I* as a pronoun (a capital I standing alone:
   ``I/O`` and ``i`` in a formula are no pronouns);
-- the writers' working time: *session(s)*, *sitting(s)*, *this turn*, in any case.
+- the writers' working time: the words of ``_WORKING_TIME`` below, in any case.
 
 Fenced code blocks, inline code and link targets are not prose and are not read. Each finding
 names ``file:line``, the phrase and the line. The checker is a pure function of a text, tested

@@ -1,11 +1,20 @@
-"""Shared pieces of the runtime tests that interrupt a run (worker death, preemption)."""
+"""Shared pieces of the runtime tests: the CLI command of a run, runs that are interrupted
+(worker death, preemption), a run's metrics."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
+
+
+def cli_train_command(config: str, *overrides: str) -> list[str]:
+    """``embodied-rl train --no-progress --config-name config overrides...`` as a process runs
+    it (this interpreter), for the tests that run the CLI as a user does."""
+    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
+    return [*command, "--config-name", config, *overrides]
 
 
 def with_hang_before_train(cfg: DictConfig, rank: int, step: int, hang_s: float) -> DictConfig:

@@ -14,13 +14,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from embodied_rl.runtime.config import CONFIG_DIR
+from tests.embodied_rl.runtime.run_helpers import cli_train_command
 from tests.simulators.libero_common import requires_libero
 
 pytestmark = pytest.mark.ray
@@ -42,8 +42,7 @@ OUR_LINES = re.compile(r"step \d+/\d+  .*|run finished: .*|final metrics: .*")
 
 def _train(config: str, *overrides: str, config_dir: Path | None = None) -> tuple[int, str, str]:
     """``embodied-rl train --no-progress`` in its own process: (exit code, stdout, stderr)."""
-    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
-    command += ["--config-name", config, *overrides]
+    command = cli_train_command(config, *overrides)
     if config_dir is not None:
         command += ["--config-dir", str(config_dir)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ import pytest
 from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
 from policies.flow_vla.configuration import FlowVLAConfig
-from tests.embodied_rl.runtime.run_helpers import read_metrics
+from tests.embodied_rl.runtime.run_helpers import cli_train_command, read_metrics
 
 pytestmark = pytest.mark.ray
 
@@ -58,8 +57,7 @@ def _learned_and_frozen(
     own embedded Ray cluster): each is one worker, mostly one core's work, so the pair takes
     about the time of one run on 2 cores."""
     learned_dir, frozen_dir = tmp_path / "learned", tmp_path / "frozen"
-    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
-    command += ["--config-name", config, *QUIET, *overrides, FROZEN, f"run_dir={frozen_dir}"]
+    command = cli_train_command(config, *QUIET, *overrides, FROZEN, f"run_dir={frozen_dir}")
     control = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         cfg = compose(config, [*QUIET, *overrides, f"run_dir={learned_dir}"])

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +26,11 @@ from embodied_rl.launch.launcher import launch
 from embodied_rl.launch.outcome import RunPreempted
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.worker import status_path
-from tests.embodied_rl.runtime.run_helpers import read_metrics, with_hang_before_train
+from tests.embodied_rl.runtime.run_helpers import (
+    cli_train_command,
+    read_metrics,
+    with_hang_before_train,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -148,8 +151,7 @@ def test_sigterm_with_no_grace_period_stops_at_once_through_the_cli(tmp_path):
     workers in the step, keeps no part of it, says so in one line and exits 143."""
     run_dir = tmp_path / "run"
     overrides = [*SMALL, "trainer.total_steps=50", "trainer.preempt_grace_s=0", "eval.every=0"]
-    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
-    command += ["--config-name", "srpo_reach", *overrides, f"run_dir={run_dir}"]
+    command = cli_train_command("srpo_reach", *overrides, f"run_dir={run_dir}")
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
     )
