@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -59,18 +58,22 @@ def train_command(run_dir: Path, seed: int | None) -> list[str]:
 
 
 def timed_run(run_dir: Path, command: list[str], fresh: bool) -> float:
-    """Run ``command`` unless ``run_dir`` holds its finished result; its wall seconds."""
+    """Run ``command`` unless ``run_dir`` holds its finished result; its wall seconds (the
+    command is recorded as given: a rerun that adds ``overwrite=true`` is the same run)."""
     wall_file = run_dir / WALL_FILE
     if wall_file.exists() and not fresh:
         recorded = json.loads(wall_file.read_text())
         if recorded["command"] == command:
             print(f"[main_job] reusing {run_dir} ({recorded['wall_s']:.0f} s)", flush=True)
             return float(recorded["wall_s"])
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    print("[main_job] " + " ".join(command), flush=True)
+    # An earlier or interrupted run is replaced by the CLI's own overwrite=true, which refuses a
+    # folder that is not a run folder (one error line, nothing removed).
+    run = [*command, "overwrite=true"] if run_dir.exists() else command
+    print("[main_job] " + " ".join(run), flush=True)
     started = time.perf_counter()
-    subprocess.run(command, check=True)
+    done = subprocess.run(run)
+    if done.returncode != 0:  # the CLI printed its error line; no traceback on top of it
+        raise SystemExit(done.returncode)
     wall_s = time.perf_counter() - started
     run_dir.mkdir(parents=True, exist_ok=True)
     wall_file.write_text(json.dumps({"command": command, "wall_s": wall_s}) + "\n")
