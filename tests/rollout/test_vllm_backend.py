@@ -9,6 +9,7 @@ shared by the tests of this module.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +18,9 @@ from tensordict import TensorDict
 import policies  # noqa: F401  (registers causal_lm)
 from embodied_rl import keys as K
 from embodied_rl.registry import POLICIES
+from embodied_rl.shm import shm_dir
 from rollout.llm import left_pad_prompts
-from rollout.vllm_engine import VLLMEngine, VLLMOptions
+from rollout.vllm_engine import WEIGHT_SEGMENT_PREFIX, VLLMEngine, VLLMOptions
 
 pytestmark = pytest.mark.vllm
 
@@ -126,21 +128,22 @@ def test_same_seed_same_samples_and_greedy_is_the_argmax(engine_and_policy):
     assert (trainer_lp[valid] > torch.log(torch.tensor(1 / 11))).all()
 
 
-def test_weight_segment_is_removed_on_close():
-    policy = _policy()
-    engine = VLLMEngine(policy, VLLMOptions(), max_model_len=P + R, seed=0, dtype="float32")
-    try:
-        engine.push_weights(policy.inference_weights(), version=1)
-        segment = engine._segment.path
-        assert segment.exists()
-        total = sum(t.numel() * t.element_size() for _, t in policy.inference_weights())
-        size = segment.stat().st_size
-        assert total <= size < 2 * total + 64 * 100  # one copy, grown at most 2x, aligned
-        engine.push_weights(policy.inference_weights(), version=2)
-        assert segment.stat().st_size == size  # reused, not grown, by the next push
-    finally:
-        engine.close()
-    assert not segment.exists()
+def test_the_weight_segment_holds_one_copy_and_is_reused(engine_and_policy):
+    """The shared-memory segment is sized once and reused by later pushes (its removal when
+    the engine closes is checked by the vLLM run below, which closes its workers' engines)."""
+    engine, policy = engine_and_policy
+    engine.push_weights(policy.inference_weights(), version=4)
+    segment = engine._segment.path
+    assert segment.exists()
+    total = sum(t.numel() * t.element_size() for _, t in policy.inference_weights())
+    size = segment.stat().st_size
+    assert total <= size < 2 * total + 64 * 100  # one copy, grown at most 2x, aligned
+    engine.push_weights(policy.inference_weights(), version=5)
+    assert segment.stat().st_size == size  # reused, not grown, by the next push
+
+
+def _weight_segments() -> set[Path]:
+    return set(shm_dir().glob(f"{WEIGHT_SEGMENT_PREFIX}*"))
 
 
 def _grpo_llm_steps(tmp_path, *overrides):
@@ -150,7 +153,10 @@ def _grpo_llm_steps(tmp_path, *overrides):
 
     common = ["rollout.backend=vllm", "trainer.total_steps=3", "trainer.checkpoint_every=0"]
     cfg = compose("grpo_llm", [*common, "data.batch_size=8", f"run_dir={tmp_path}", *overrides])
+    segments_before = _weight_segments()
     run_dir = launch(cfg, show_progress=False).run_dir
+    # Each worker closed its engine, and with it removed its weight segment.
+    assert _weight_segments() <= segments_before
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines:

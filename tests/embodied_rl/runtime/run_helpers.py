@@ -1,9 +1,12 @@
-"""Shared pieces of the runtime tests: the CLI command of a run, runs that are interrupted
-(worker death, preemption), a run's metrics."""
+"""Shared pieces of the runtime tests: the CLI command of a run and its console, runs that
+are interrupted (worker death, preemption), a run's metrics."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +18,35 @@ def cli_train_command(config: str, *overrides: str) -> list[str]:
     it (this interpreter), for the tests that run the CLI as a user does."""
     command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
     return [*command, "--config-name", config, *overrides]
+
+
+# Every line a clean run may print (with --no-progress or without a terminal).
+RUN_LINES = re.compile(r"step \d+/\d+  .*|run finished: .*|final metrics: .*")
+
+
+def run_cli_train(
+    config: str, *overrides: str, config_dir: Path | None = None, timeout_s: float = 300
+) -> tuple[int, str, str]:
+    """``embodied-rl train --no-progress`` in a process of its own, with an embedded Ray
+    cluster of its own as a user's command gets (not the tests' shared one, whose
+    ``RAY_`` variables are left out): (exit code, stdout, stderr)."""
+    command = cli_train_command(config, *overrides)
+    if config_dir is not None:
+        command += ["--config-dir", str(config_dir)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def assert_only_run_lines(stdout: str, stderr: str, steps: int) -> None:
+    """The console of a clean run: its step lines 1..``steps``, the run folder and the final
+    metrics, nothing else (no library notices, no colour codes, no Ray prefixes)."""
+    lines = (stdout + stderr).splitlines()
+    assert "\x1b" not in stdout + stderr, lines
+    assert [line for line in lines if not RUN_LINES.fullmatch(line)] == []
+    assert [line.split()[1] for line in lines if line.startswith("step ")] == [
+        f"{k}/{steps}" for k in range(1, steps + 1)
+    ]
 
 
 def with_hang_before_train(cfg: DictConfig, rank: int, step: int, hang_s: float) -> DictConfig:

@@ -27,15 +27,24 @@ def test_the_llm_branch_trains_exactly_as_grpo_llm_alone(tmp_path):
     numbers must be identical: nothing of the reach branch leaks into it, and its metrics
     are kept apart under llm/."""
     steps = ["trainer.total_steps=2", "trainer.checkpoint_every=2"]
+    # Small batches (the branch's 4 prompts x 4 samples are grpo_llm's with the same overrides);
+    # the reach branch's 2 pairs x 4 rollouts are its 8 episodes of a step.
+    llm_sizes = ["data.llm.batch_size=4", "rollout.llm.n=4"]
+    reach_sizes = ["data.reach.batch_size=2", "rollout.reach.group_size=4"]
+    reach_sizes += ["rollout.reach.num_envs=4"]
+    episodes = 2 * 4
     both = launch(
-        compose("grpo_llm_srpo_reach", [*steps, f"run_dir={tmp_path / 'both'}"]),
+        compose(
+            "grpo_llm_srpo_reach",
+            [*steps, *llm_sizes, *reach_sizes, f"run_dir={tmp_path / 'both'}"],
+        ),
         show_progress=False,
     )
+    alone_sizes = ["data.batch_size=4", "rollout.n=4"]
     alone = launch(
-        compose("grpo_llm", [*steps, f"run_dir={tmp_path / 'alone'}"]), show_progress=False
+        compose("grpo_llm", [*steps, *alone_sizes, f"run_dir={tmp_path / 'alone'}"]),
+        show_progress=False,
     )
-    reach = compose("grpo_llm_srpo_reach")
-    episodes = reach.data.reach.batch_size * reach.rollout.reach.group_size  # per step
     for joint, single in zip(_metrics(both.run_dir), _metrics(alone.run_dir), strict=True):
         for key in COMPARED:
             assert joint[f"llm/{key}"] == pytest.approx(single[key], rel=1e-6), key

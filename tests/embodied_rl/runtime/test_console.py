@@ -5,23 +5,20 @@ Issue 24, item 5: the console of a run showed Ray's start-up line and its colour
 task-order line and a transformers FutureWarning (once per worker), and a config warning about
 a key the shipped config sets. Each run here is a real CLI process on the reach task; the
 LIBERO/OpenVLA sources are checked where they arise (tests/simulators/test_libero.py,
-tests/policies/test_openvla.py) and in one LIBERO run below.
+tests/policies/test_openvla.py) and in the LIBERO run of
+tests/embodied_rl/runtime/test_srpo_libero.py, which runs through the CLI for it.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from embodied_rl.runtime.config import CONFIG_DIR
-from tests.embodied_rl.runtime.run_helpers import cli_train_command
-from tests.simulators.libero_common import requires_libero
+from tests.embodied_rl.runtime.run_helpers import assert_only_run_lines, run_cli_train
 
 pytestmark = pytest.mark.ray
 
@@ -36,33 +33,12 @@ TINY = [  # srpo_reach, 2 steps of 1 worker
     "rollout.num_envs=4",
     "ray.poll_interval_s=0.2",
 ]
-# Every line a clean run may print (with --no-progress or without a terminal).
-OUR_LINES = re.compile(r"step \d+/\d+  .*|run finished: .*|final metrics: .*")
-
-
-def _train(config: str, *overrides: str, config_dir: Path | None = None) -> tuple[int, str, str]:
-    """``embodied-rl train --no-progress`` in its own process: (exit code, stdout, stderr)."""
-    command = cli_train_command(config, *overrides)
-    if config_dir is not None:
-        command += ["--config-dir", str(config_dir)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    return done.returncode, done.stdout, done.stderr
-
-
-def _assert_only_our_lines(stdout: str, stderr: str, steps: int) -> None:
-    lines = (stdout + stderr).splitlines()
-    assert "\x1b" not in stdout + stderr, lines  # no colour codes
-    assert [line for line in lines if not OUR_LINES.fullmatch(line)] == []
-    assert [line.split()[1] for line in lines if line.startswith("step ")] == [
-        f"{k}/{steps}" for k in range(1, steps + 1)
-    ]
 
 
 def test_a_run_prints_only_its_step_lines_and_results(tmp_path):
-    code, out, err = _train("srpo_reach", *TINY, f"run_dir={tmp_path / 'run'}")
+    code, out, err = run_cli_train("srpo_reach", *TINY, f"run_dir={tmp_path / 'run'}")
     assert code == 0, err
-    _assert_only_our_lines(out, err, steps=2)
+    assert_only_run_lines(out, err, steps=2)
     assert out.splitlines()[-2] == f"run finished: {tmp_path / 'run'}"
 
 
@@ -95,7 +71,7 @@ def test_warnings_and_a_worker_error_still_reach_the_console(tmp_path):
         "+algorithm.micro_batch_size=4",
         f"run_dir={tmp_path / 'run'}",
     ]
-    code, out, err = _train("srpo_reach", *overrides, config_dir=config_dir)
+    code, out, err = run_cli_train("srpo_reach", *overrides, config_dir=config_dir)
 
     assert code == 1, err
     assert [line.split()[:2] for line in out.splitlines()] == [["step", "1/2"]]
@@ -107,21 +83,3 @@ def test_warnings_and_a_worker_error_still_reach_the_console(tmp_path):
     assert 'embodied_rl/nodes/fault.py", line' in error and "in fault_node" in error  # traceback
     assert error.rstrip().endswith("InjectedFault: injected fault at rank 0, step 1")
     assert "\x1b" not in out + err and "pid=" not in err[: err.index("error: ")]
-
-
-@pytest.mark.libero
-@requires_libero
-def test_a_libero_run_prints_only_its_step_lines_and_results(tmp_path):
-    """The OpenVLA policy on LIBERO: no robosuite, LIBERO or transformers notices."""
-    overrides = [
-        "trainer.total_steps=1",
-        "eval.at_end=false",
-        "data.batch_size=2",
-        "rollout.group_size=2",
-        "rollout.num_envs=2",
-        "simulator.options.max_steps=8",
-        f"run_dir={tmp_path / 'run'}",
-    ]
-    code, out, err = _train("srpo_libero", *overrides)
-    assert code == 0, err
-    _assert_only_our_lines(out, err, steps=1)

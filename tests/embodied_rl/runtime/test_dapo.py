@@ -1,4 +1,5 @@
-"""DAPO end to end: dynamic sampling refills the batch by re-running rollouts on 2 workers."""
+"""DAPO end to end (configs/dapo_llm.yaml): dynamic sampling refills the batch by re-running
+rollouts on 2 workers, and the run checkpoints (tests/test_configs.py leaves it to this test)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,5 @@ def test_dynamic_sampling_refills_to_the_configured_size(tmp_path):
         assert m["dapo/kept_groups"] == 4
         assert m["dapo/kept_samples"] == 16  # 4 groups x 4 samples reach the trainer
         assert m["advantage/groups_with_signal"] == 1.0  # no uniform-reward group is trained
+        assert 0.0 <= m["reward/mean"] <= 1.0 and abs(m["loss/policy"]) < 1e3
+    assert (result.run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()

@@ -1,4 +1,9 @@
-"""SRPO on LIBERO in CI: 2 workers, tiny OpenVLA-OFT, short episodes, 2 steps, videos."""
+"""SRPO on LIBERO in CI: 2 workers, tiny OpenVLA-OFT, short episodes, 2 steps, videos.
+
+The run is ``embodied-rl train`` in a process of its own, so it also checks a LIBERO run's
+console: its step lines and results only, none of robosuite's, LIBERO's or transformers'
+notices (tests/embodied_rl/runtime/test_console.py checks the console of the reach task).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,7 @@ import json
 
 import pytest
 
-from embodied_rl.launch.launcher import launch
-from embodied_rl.runtime.config import compose
+from tests.embodied_rl.runtime.run_helpers import assert_only_run_lines, run_cli_train
 
 pytestmark = [
     pytest.mark.ray,
@@ -21,9 +25,11 @@ pytestmark = [
 
 
 def test_srpo_libero_two_steps_write_metrics_checkpoint_and_video(tmp_path):
-    cfg = compose("srpo_libero", ["trainer.total_steps=2", f"run_dir={tmp_path}"])
-    result = launch(cfg, show_progress=False)
-    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli_train("srpo_libero", "trainer.total_steps=2", f"run_dir={run_dir}")
+    assert code == 0, err
+    assert_only_run_lines(out, err, steps=2)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1]
     for m in lines:
         assert m["dapo/kept_samples"] == 4  # 2 (task, init state) pairs x 2 rollouts
@@ -35,14 +41,12 @@ def test_srpo_libero_two_steps_write_metrics_checkpoint_and_video(tmp_path):
         assert m["reward/mean"] == pytest.approx(rate, abs=1e-9)
         assert m["srpo/success_rate"] == pytest.approx(rate, abs=1e-9)
     # The evaluation's rate is that of the episodes in its results table (a line per task).
-    table = [
-        json.loads(x) for x in (result.run_dir / "eval" / "results.jsonl").read_text().splitlines()
-    ]
+    table = [json.loads(x) for x in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
     final = [row for row in table if row["step"] == 2]
     assert sum(row["episodes"] for row in final) == 2  # eval.batch_size: one greedy episode each
     successes = sum(row["successes"] for row in final)
     assert lines[-1]["eval/success_rate"] == pytest.approx(successes / 2, abs=1e-9)
-    assert (result.run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
-    videos = list((result.run_dir / "eval" / "step_000002").glob("*.mp4"))
+    assert (run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
+    videos = list((run_dir / "eval" / "step_000002").glob("*.mp4"))
     assert videos and all(v.stat().st_size > 1000 for v in videos)
-    assert (result.run_dir / "eval" / "step_000002" / "report.html").exists()
+    assert (run_dir / "eval" / "step_000002" / "report.html").exists()
