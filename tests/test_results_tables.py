@@ -41,9 +41,9 @@ number of a row must be in one of the files its data cell links.
 A list of objects counts as one more object too: its totals, each key summed over the list
 (the planner's 457/500 and 91.4% are ``successes`` and ``episodes`` summed over its tasks).
 
-Rows whose numbers have no JSON yet (all of them, or some) are listed in :data:`NO_JSON_YET`
-with the reason and what would write the JSON; their data cell is ``-`` and their check is
-skipped. Once such a row links its JSON, its entry must go, and its numbers are checked.
+A row whose result has no committed JSON (a run read from its logs, a command timed by hand)
+states it in words, with no number, and its study page keeps the numbers: its data cell is
+``-`` and its number cell must hold no number that :func:`shown_numbers` reads.
 """
 
 from __future__ import annotations
@@ -61,64 +61,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_PAGES = ("README.md", "BENCHMARKS.md")
 RESULT, NUMBER, DATA = "result", "number (spread)", "data"
-
-_MAIN_JOB = (
-    "timed `embodied-rl train --config-name srpo_oft_libero` runs, read from their logs "
-    "(docs/benchmarks/oft_main_job.md), not written by a scripts/bench script"
-)
-_SLOW_TESTS = (
-    "runs of the slow tests of tests/embodied_rl/runtime/test_libero_learning.py and of their "
-    "controls, read from their logs (docs/benchmarks/slow_tests.md); "
-    "docs/testing/slow_tier.json keeps the tests' durations only; a scripts/bench script "
-    "running the tests' pipelines would write the JSON"
-)
-_RUN_A = (
-    "run A of docs/benchmarks/libero_learning.md was stopped after 55 minutes, before "
-    "scripts/bench/libero_learning.py wrote its JSON; its evaluations are in that page's "
-    "table only; a complete rerun of the script writes one"
-)
-NO_JSON_YET: dict[str, str] = {
-    "the main job at half the episodes a step": (
-        f"{_MAIN_JOB}; scripts/bench/main_job.py runs the shipped configuration only, a run of "
-        "this one (data.batch_size=4 rollout.group_size=4) by a bench script would write it"
-    ),
-    "slow test, `mlp_image` SRPO on 8 states": _SLOW_TESTS,
-    "slow test, the VLA (`srpo_oft_libero`, 6 steps)": _SLOW_TESTS,
-    "the same configuration again, 55 min": _RUN_A,
-    "the same at 4 groups a step, run again for 55 min": _RUN_A,
-    "the same with split physics substeps (`--quick`)": (
-        "scripts/bench/simulator_speed.py --quick wrote its JSON to /tmp/s40/simbench "
-        "(docs/benchmarks/simulator_throughput.md); a rerun whose simulators.json is "
-        "committed under a name of its own (not over docs/benchmarks/simulators.json) backs it"
-    ),
-    "four policies, one demo of libero_object task 0, 15 min of SRPO": (
-        "OpenVLA's run was stopped before its evaluation and has no JSON "
-        "(docs/benchmarks/policies_task0.md; its scripts/bench/srpo_world_model.py command, "
-        "run to the end, writes it); the other three policies have theirs under "
-        "docs/benchmarks/policies_task0/, but their 3/10 add validation 1/5 to test 2/5 "
-        "and the JSON keeps validation as a rate only"
-    ),
-    "token policies: SRPO from the 8-demo OFT token start": (
-        "the lr 1e-3 run (validation 2/5 -> 0/5) was stopped at step 6, and its "
-        "scripts/bench/srpo_world_model.py output went to /tmp/s39/vla/out "
-        "(docs/benchmarks/token_policies.md); the 4- and 8-group runs have JSONs "
-        "(policies_task0/srpo_world_model_openvla_oft_libero_tokens_8demos*.json); the "
-        "lr 1e-3 command run to the end writes the missing one"
-    ),
-    "OpenVLA (7 autoregressive tokens) through the reduced pipeline": (
-        "SFT and SRPO runs of `embodied-rl train` on the reduced pipeline, read from their "
-        "logs (docs/benchmarks/token_policies.md); no scripts/bench script runs that pipeline"
-    ),
-    "evaluation: spare envs left out; videos spread over workers; one image per frame": (
-        "141.4 -> 107.0 s and 212.9 -> 157.0 s are `embodied-rl eval` commands timed by hand "
-        "before and after two changes (docs/benchmarks/eval_videos.md); only the step_filmed "
-        "part has a JSON (eval_videos_step_filmed.json); a bench script timing both would"
-    ),
-    "figures formerly in code comments": (
-        "hand measurements made while the code was written (docs/benchmarks/code_figures.md): "
-        "orders of magnitude, no number in the row, no script that measures them"
-    ),
-}
 
 # --- the tables ----------------------------------------------------------------------------
 
@@ -375,10 +317,16 @@ def row_findings(page: str, row: dict[str, str], root: Path = ROOT) -> list[str]
     where = f"{page}, Results row '{row[RESULT]}'"
     links = data_links(row.get(DATA, ""))
     if not links:
-        return [
-            f"{where}: its data cell links no JSON; its numbers need a committed JSON "
-            "written by a scripts/bench script, linked from the row's data cell"
-        ]
+        shown = ", ".join(repr(number.text) for number in shown_numbers(row[NUMBER]))
+        return (
+            [
+                f"{where}: its data cell links no JSON but it shows {shown}; its numbers need a "
+                "committed JSON written by a scripts/bench script, linked from the row's data "
+                "cell, or the row states its result in words and its study page keeps the numbers"
+            ]
+            if shown
+            else []
+        )
     paths = [(root / page).parent / link for link in links]
     missing = [link for link, path in zip(links, paths) if not path.is_file()]
     if missing:
@@ -393,12 +341,8 @@ def row_findings(page: str, row: dict[str, str], root: Path = ROOT) -> list[str]
 
 
 def table_findings(page: str, markdown: str, root: Path = ROOT) -> list[str]:
-    """:func:`row_findings` of every row of a page's Results table not in NO_JSON_YET."""
-    findings = []
-    for row in results_table(markdown):
-        if row[RESULT] not in NO_JSON_YET:
-            findings += row_findings(page, row, root)
-    return findings
+    """:func:`row_findings` of every row of a page's Results table."""
+    return [finding for row in results_table(markdown) for finding in row_findings(page, row, root)]
 
 
 def _all_rows() -> list[tuple[str, dict[str, str]]]:
@@ -422,21 +366,9 @@ def test_the_results_table_has_the_columns_read_here(page: str) -> None:
     ids=[f"{page}:{row[RESULT][:48]}" for page, row in _all_rows()],
 )
 def test_every_number_of_a_row_is_in_its_json(page: str, row: dict[str, str]) -> None:
-    """A row's numbers are all in the JSON(s) of its data cell (or it waits in NO_JSON_YET)."""
-    if row[RESULT] in NO_JSON_YET:
-        pytest.skip(f"no JSON yet: {NO_JSON_YET[row[RESULT]]}")
+    """A row's numbers are all in the JSON(s) of its data cell; a row without one shows none."""
     findings = row_findings(page, row)
     assert not findings, "\n".join(findings)
-
-
-def test_no_json_yet_names_only_rows_that_still_lack_a_json() -> None:
-    """Each entry names a row of a table whose data cell links no JSON; once it links one, the
-    entry must go, so that the row's numbers are checked."""
-    rows = [(page, row) for page, row in _all_rows() if row[RESULT] in NO_JSON_YET]
-    unknown = sorted(set(NO_JSON_YET) - {row[RESULT] for _, row in rows})
-    assert not unknown, f"NO_JSON_YET names no row of {TABLE_PAGES}: {unknown}"
-    linked = [f"{page}: {row[RESULT]}" for page, row in rows if data_links(row.get(DATA, ""))]
-    assert not linked, f"these rows link a JSON now; remove them from NO_JSON_YET: {linked}"
 
 
 @pytest.mark.parametrize(
@@ -460,11 +392,15 @@ def test_a_changed_number_is_the_one_finding(page: str, old: str, new: str, numb
 
 
 def test_a_row_without_data_asks_for_a_committed_json() -> None:
-    """A row whose data cell links nothing fails, saying where its numbers must come from."""
-    table = "## Results\n\n| result | number (spread) | data |\n|---|---|---|\n| r | **7.4 min** | - |\n"
-    (finding,) = table_findings("PAGE.md", table)
-    assert "PAGE.md, Results row 'r'" in finding
+    """A row whose data cell links nothing fails when it shows a number, saying where its
+    numbers must come from; stated in words (``2 seeds`` is no number of the result), it
+    passes."""
+    head = "## Results\n\n| result | number (spread) | data |\n|---|---|---|\n"
+    (finding,) = table_findings("PAGE.md", head + "| r | **7.4 min** | - |\n")
+    assert "PAGE.md, Results row 'r'" in finding and "shows '7.4'" in finding
     assert "committed JSON written by a scripts/bench script" in finding
+    words = "| r | **no held-out gain**, on the study page from the run's logs | - |\n"
+    assert table_findings("PAGE.md", head + words) == []
 
 
 def test_shown_numbers_reads_each_form() -> None:
