@@ -8,6 +8,7 @@ choice of the episodes to show (the same on every rank); the output folder of a 
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -47,6 +48,8 @@ class Episode:
         dp_rank / index: the dp shard holding it and its row in that shard's batch.
         writer: global rank that writes its video (tp rank 0 of the shard).
         video: its video was written (HAS_VIDEO).
+        progress: its privileged progress at the end (PRIVILEGED_PROGRESS), NaN where the
+            simulator has none.
     """
 
     task: int
@@ -57,6 +60,7 @@ class Episode:
     index: int
     writer: int
     video: bool = False
+    progress: float = math.nan
 
     @property
     def outcome(self) -> str:
@@ -80,11 +84,19 @@ def local_episodes(ctx: NodeContext, batch: TensorDict) -> list[Episode]:
         batch[K.TASK_ID].tolist(), batch[K.INIT_STATE_ID].tolist(), batch[K.SUCCESS].tolist()
     )
     padded = padded_rows(batch).tolist()
+    progress = (
+        batch[K.PRIVILEGED_PROGRESS].tolist()
+        if K.PRIVILEGED_PROGRESS in batch.keys()
+        else [math.nan] * n
+    )
     return [
-        Episode(int(t), int(s), bool(ok), str(texts[i]), ctx.dp_rank, i, writer, bool(videos[i]))
+        Episode(
+            int(t), int(s), bool(ok), str(texts[i]), ctx.dp_rank, i, writer, bool(videos[i]),
+            float(progress[i]),
+        )
         for i, (t, s, ok) in enumerate(columns)
         if not padded[i]
-    ]
+    ]  # fmt: skip
 
 
 def padded_rows(batch: TensorDict) -> torch.Tensor:

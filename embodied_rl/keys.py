@@ -41,6 +41,10 @@ RAW_ACTIONS = "raw_actions"  # (B, T, K) float32 sampled pre-squash continuous a
 STEP_MASK = "step_mask"  # (B, T) float32, 1 = step before (and at) finish
 FINISH_STEP = "finish_step"  # (B,) int64
 SUCCESS = "success"  # (B,) bool
+# (B,) float32 in [0, 1] at the episode's end, from simulator state the policy cannot see
+# (VectorEnv.privileged_progress: 1 exactly at success); NaN where the simulator has none.
+# For logging and oracle rewards only, never a policy input.
+PRIVILEGED_PROGRESS = "privileged_progress"
 TASK_ID = "task_id"  # (B,) int64
 INIT_STATE_ID = "init_state_id"  # (B,) int64
 PADDED = "padded"  # (B,) bool: a row repeated only to fill the batch (evaluations skip it)

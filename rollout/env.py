@@ -103,6 +103,7 @@ class EnvRolloutConfig:
 ROLLOUT_WRITES = (
     K.PROMPT_TEXT, K.GROUP_ID, K.SAMPLE_ID, K.OBS_STATE, K.OBS_IMAGE, K.ACTION_TOKENS,
     K.RAW_ACTIONS, K.OLD_LOGPROBS, K.RESPONSE_MASK, K.STEP_MASK, K.FINISH_STEP, K.SUCCESS,
+    K.PRIVILEGED_PROGRESS,
 )  # fmt: skip
 
 
@@ -233,8 +234,19 @@ def _run_wave(
         if done[:count].all():
             break
     record["success"] = success[:count]
+    record["progress"] = _final_progress(env, count)
     record["descriptions"] = descriptions
     return record
+
+
+def _final_progress(env: Any, count: int) -> np.ndarray:
+    """``(count,)`` float32 privileged progress of the wave's episodes at their end (a done env
+    keeps its final state, so one read after the loop serves every episode); NaN when the
+    simulator has no privileged progress."""
+    progress = env.privileged_progress()
+    if progress is None:
+        return np.full(count, np.nan, dtype=np.float32)
+    return np.asarray(progress[:count], dtype=np.float32)
 
 
 def _stack(steps: list[Any], horizon: int) -> torch.Tensor | None:
@@ -263,6 +275,7 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
         K.RESPONSE_MASK: step_mask.repeat_interleave(k, dim=1),
         K.FINISH_STEP: (step_mask.sum(1) - 1).clamp(min=0).long(),
         K.SUCCESS: torch.as_tensor(np.concatenate([w["success"] for w in waves])),
+        K.PRIVILEGED_PROGRESS: torch.as_tensor(np.concatenate([w["progress"] for w in waves])),
     }
     if waves[0]["image"][0] is not None:
         fields[K.OBS_IMAGE] = cat("image")
@@ -295,6 +308,12 @@ def _log_metrics(ctx: Any, out: TensorDict, seconds: float) -> None:
         return
     steps = out[K.STEP_MASK].sum().item()
     ctx.metrics.log("rollout/success_rate", out[K.SUCCESS].float().mean().item(), weight=n)
+    progress = out[K.PRIVILEGED_PROGRESS]
+    measured = ~progress.isnan()
+    if measured.any():  # privileged: how far the episodes got, for reading, not for training
+        count = int(measured.sum())
+        mean = progress[measured].mean().item()
+        ctx.metrics.log("rollout/privileged_progress", mean, weight=count)
     ctx.metrics.log("rollout/episode_steps", steps / n, weight=n)
     ctx.metrics.log("rollout/env_steps_per_s", steps / max(seconds, 1e-9), reduce="sum")
 

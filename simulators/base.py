@@ -25,6 +25,10 @@ envs but shaped for robot-policy rollouts:
   overrides it to draw the policy's observation once per chunk there too, so that a video's
   frame costs one drawing, not two;
 - ``task_descriptions`` holds one instruction per env ("reach the red target"), set by reset;
+- ``privileged_progress()`` returns a number in ``[0, 1]`` per env that follows the task's goal,
+  read from simulator state the policy cannot see (exactly 1 at success, below 1 otherwise):
+  for logging and oracle rewards, never a policy input. A done env keeps its final value, an
+  env left out of the reset has 0. ``None`` from a simulator that has no such measure;
 - ``render(size=None, envs=None)`` returns frames of the current states: at
   ``spec.render_shape`` (the SRPO encoder's frames), or square at ``size`` (an evaluation's
   videos, drawn at their own size whatever the policy's image size); of every env, or of
@@ -205,6 +209,20 @@ class VectorEnv(abc.ABC):
     def task_descriptions(self) -> list[str]:
         """The instruction of each env's current task (``N`` strings, set by reset)."""
 
+    def privileged_progress(self) -> np.ndarray | None:
+        """Privileged task progress of each env's current state (see the module docstring).
+
+        Call it after ``reset``, ``step`` or ``step_chunk``; the value of an env whose episode
+        ended stays its value at the end, so reading it once all envs are done gives each
+        episode's final progress.
+
+        Returns:
+            ``(N,)`` float32 in ``[0, 1]``: 1.0 exactly where the task succeeded, below 1
+            elsewhere, 0 for envs left out of the last reset; ``None`` when this simulator
+            has no privileged progress (the default).
+        """
+        return None
+
     @abc.abstractmethod
     def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
         """Return frames of the current states (videos, the SRPO encoder).
@@ -228,6 +246,18 @@ class VectorEnv(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def distance_fraction(remaining: float, initial: float) -> float:
+    """The share of a distance covered: ``clip(1 - remaining / initial, 0, 1)``.
+
+    Privileged progress terms: ``remaining`` is a distance now, ``initial`` the same distance
+    at the episode's start (metres). Moving farther than at the start counts 0, not less. An
+    initial distance of 0 (already there) gives 1 while ``remaining`` is 0, else 0.
+    """
+    if initial <= 0.0:
+        return 1.0 if remaining <= 0.0 else 0.0
+    return float(np.clip(1.0 - remaining / initial, 0.0, 1.0))
 
 
 def check_reset_ids(

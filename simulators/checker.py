@@ -3,7 +3,7 @@
 ``check_vector_env(env)`` resets, steps (single actions and chunks) and, optionally, runs a
 full episode, and raises :class:`EnvCheckError` naming the first broken rule: shapes and
 dtypes of observations and step results, finished envs that stay latched, reproducible
-resets.
+resets, privileged progress in ``[0, 1]`` and 1 exactly at success.
 """
 
 from __future__ import annotations
@@ -100,10 +100,33 @@ def _check_episode(env: VectorEnv, actions: np.ndarray, where: str) -> list[Step
     for t, action in enumerate(actions):
         result = env.step(action)
         _check_step(result, spec, num_envs, f"{where} step {t + 1}")
+        _check_progress(env, result, f"{where} step {t + 1}")
         if results:
             _check_latched(results[-1], result, f"{where} step {t + 1}")
         results.append(result)
     return results
+
+
+def _check_progress(env: VectorEnv, result: StepResult, where: str) -> None:
+    """``privileged_progress()``, where the env has one: ``(N,)`` float32 in ``[0, 1]``,
+    exactly 1 where the episode succeeded and below 1 where it has not."""
+    progress = env.privileged_progress()
+    if progress is None:
+        return
+    shape = (env.num_envs,)
+    _expect(
+        isinstance(progress, np.ndarray) and progress.dtype == np.float32
+        and progress.shape == shape,
+        f"{where}: privileged_progress() must be a {shape} float32 array, got "
+        f"{getattr(progress, 'dtype', type(progress))} {getattr(progress, 'shape', '')}",
+    )  # fmt: skip
+    inside = bool(np.all((progress >= 0.0) & (progress <= 1.0)))  # False for NaN too
+    _expect(inside, f"{where}: privileged progress outside [0, 1]: {progress}")
+    _expect(
+        bool(np.all(progress[result.success] == 1.0) and np.all(progress[~result.success] < 1.0)),
+        f"{where}: privileged progress must be 1 exactly where the episode succeeded, below 1 "
+        f"elsewhere; got {progress} for success {result.success}",
+    )
 
 
 def check_vector_env(
@@ -119,7 +142,9 @@ def check_vector_env(
     same observations and flags and the summed rewards, that ``step_filmed`` does too and
     films each env as ``render(size)`` after each single step would, that envs left out of a reset
     (``active``) are done with zero rows and leave the others' episodes unchanged, and
-    (``full_episode``) that every env is done after ``spec.max_steps`` steps and stays done.
+    (``full_episode``) that every env is done after ``spec.max_steps`` steps and stays done;
+    after every single step, ``privileged_progress()`` (unless ``None``) is in ``[0, 1]``,
+    exactly 1 where the episode succeeded.
 
     Raises:
         EnvCheckError: naming the first broken rule.

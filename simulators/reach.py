@@ -18,6 +18,9 @@ fingertip (2), target position (2), in metres and m/s; with ``image_size > 0`` a
 top-down ``(image_size, image_size, 3)`` uint8 camera image showing every target, so a
 vision policy has to read the instruction to know which target to reach. State-only mode
 never creates a GL context (the renderer is built on first use, in the process that uses it).
+
+Privileged progress (``privileged_progress``): the share of the start distance to the target
+the fingertip has covered, 1 at success.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from simulators.base import (
     check_active,
     check_env_ids,
     check_reset_ids,
+    distance_fraction,
 )
 from simulators.registry import config_from_options, register_simulator
 
@@ -244,6 +248,7 @@ class ReachVectorEnv(VectorEnv):
         self._steps = np.zeros(num_envs, np.int64)
         self._done = np.zeros(num_envs, bool)
         self._success = np.zeros(num_envs, bool)
+        self._start_distance = np.zeros(num_envs)  # fingertip-target distance at the reset (m)
         self._image = np.zeros((num_envs, size, size, 3), np.uint8) if size else None
         self._descriptions: list[str] = []
 
@@ -267,6 +272,7 @@ class ReachVectorEnv(VectorEnv):
             data.qpos[:] = self._starts[tasks[i], inits[i]]
             mujoco.mj_forward(self.model, data)
         self._task[:] = np.where(on, tasks, -1)  # -1: left out, zero observation rows
+        self._start_distance[:] = [self._distance(i) if o else 0.0 for i, o in enumerate(on)]
         self._steps[:] = 0
         self._done[:] = ~on
         self._success[:] = False
@@ -313,6 +319,21 @@ class ReachVectorEnv(VectorEnv):
         ids = check_env_ids(self.num_envs, envs, self._task < 0 if self._was_reset else None)
         frames = [self._render_one(i, int(size)) for i in ids]
         return np.stack(frames) if frames else np.zeros((0, size, size, 3), np.uint8)
+
+    def privileged_progress(self) -> np.ndarray:
+        """``(N,)`` float32: the share of the start distance to the target covered,
+        ``clip(1 - distance / start distance, 0, 1)``; 1.0 at success, 0 for envs left out.
+
+        Without success the fingertip is at least ``success_radius`` away, so the value stays
+        below 1. A done env is not stepped: its value stays the one of its final step.
+        """
+        if not self._was_reset:
+            raise RuntimeError("reach: call reset() before privileged_progress()")
+        progress = np.zeros(self.num_envs, np.float32)
+        for i in np.flatnonzero(self._task >= 0):
+            covered = distance_fraction(self._distance(i), self._start_distance[i])
+            progress[i] = 1.0 if self._success[i] else covered
+        return progress
 
     def close(self) -> None:
         for renderer in self._renderers.values():

@@ -4,8 +4,9 @@ The parent (:mod:`simulators.workers`) spawns :func:`child_main`, which builds a
 vector env of ``k`` envs in this fresh process (so GL contexts are created here), reports the
 env spec, attaches the shared block the parent allocated for it, and then answers
 ``(command, args)`` messages: ``reset``, ``step_chunk`` (``(k, C, A)`` actions), ``replay``
-(re-run an episode after a restart), ``render`` and ``close``. Observations and frames go into the block, small results
-over the pipe; an exception inside a command goes back as an ``("error", traceback)`` reply.
+(re-run an episode after a restart), ``render``, ``progress`` (``privileged_progress``) and
+``close``. Observations and frames go into the block, small results over the pipe; an
+exception inside a command goes back as an ``("error", traceback)`` reply.
 """
 
 from __future__ import annotations
@@ -157,9 +158,15 @@ def _handle_render(
     return frames
 
 
+def _handle_progress(env: VectorEnv, views: dict) -> np.ndarray | None:
+    """``(k,)`` float32 privileged progress, or ``None`` (the simulator has none)."""
+    return env.privileged_progress()
+
+
 _HANDLERS = {
     "reset": _handle_reset,
     "step_chunk": _handle_step_chunk,
     "replay": _handle_replay,
     "render": _handle_render,
+    "progress": _handle_progress,
 }

@@ -4,7 +4,7 @@
 few envs built by a registered simulator builder *inside* the child, so GL contexts are
 created where they are used (processes start with the ``spawn`` method, never ``fork``).
 
-- Commands (reset, step_chunk, render) go to every child over its pipe first and the
+- Commands (reset, step_chunk, render, progress) go to every child over its pipe first and the
   replies are gathered afterwards, so the children simulate in parallel. A chunk of ``C``
   actions per env travels in one message (``step`` sends a chunk of one), so a simulator
   that observes once per chunk (LIBERO) is asked once per chunk.
@@ -303,6 +303,19 @@ class ProcessVectorEnv(VectorEnv):
             block = child.views["frames"] if reply is None else reply
             frames.update((child.envs.start + i, frame) for i, frame in zip(local[index], block))
         return np.stack([frames[i] for i in ids])
+
+    def privileged_progress(self) -> np.ndarray | None:
+        """Each process's ``privileged_progress``, in env order: ``(N,)`` float32, or
+        ``None`` when the simulator has none.
+        """
+        if not self._was_reset:
+            raise RuntimeError("ProcessVectorEnv: call reset() before privileged_progress()")
+        commands = {c.index: ("progress", ()) for c in self._children}
+        replies = self._call(commands, self.step_timeout_s)
+        parts = [replies[c.index] for c in self._children]
+        if any(part is None for part in parts):
+            return None
+        return np.concatenate(parts).astype(np.float32)
 
     def close(self) -> None:
         self._finalizer()  # runs _shutdown once; later calls do nothing

@@ -50,10 +50,13 @@ def test_device_is_the_only_key_to_change_for_an_accelerator(name, device):
 def test_every_dag_file_is_used_by_a_config():
     texts = " ".join((CONFIG_DIR / f"{name}.yaml").read_text() for name in CONFIGS)
     used = set(re.findall(r"dag:\s*([\w-]+)", texts))
-    # grpo_kl is selected on the command line (dag=grpo_kl), as the README shows.
-    unused = sorted(set(DAGS) - used - {"grpo_kl"})
+    # grpo_kl and srpo_oracle are selected on the command line (dag=grpo_kl, as the README
+    # shows; dag=srpo_oracle, the privileged upper bound of an SRPO comparison).
+    unused = sorted(set(DAGS) - used - {"grpo_kl", "srpo_oracle"})
     assert not unused, f"DAG files no config uses: {unused}"
     validate_config(compose("grpo_llm", ["dag=grpo_kl", "algorithm.actor.kl_coef=0.1"]))
+    for name in ("srpo_reach", "srpo_libero"):
+        validate_config(compose(name, ["dag=srpo_oracle"]))
 
 
 @pytest.mark.ray

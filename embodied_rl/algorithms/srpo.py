@@ -229,6 +229,42 @@ def srpo_rewards(
     return rewards.float()
 
 
+def progress_oracle_rewards(
+    progress: torch.Tensor,
+    success: torch.Tensor,
+    task_keys: torch.Tensor,
+    config: SrpoRewardConfig,
+) -> torch.Tensor:
+    """SRPO's rewards with privileged progress in place of the embedding distance: an oracle.
+
+    The failure's distance to its task's successes is ``1 - progress`` (a success has progress
+    1), shaped exactly as :func:`srpo_rewards` shapes embedding distances, with the same rule
+    that a task needs a success in the batch before its failures are shaped. So the oracle
+    differs from SRPO only in how well it ranks the failures: an upper bound for an encoder,
+    from simulator state no policy sees; never a default.
+
+    Args:
+        progress: (N,) float in [0, 1], each episode's privileged progress at its end.
+        success: (N,) bool.
+        task_keys: (N,) int64.
+        config: the shaping variant and its constants.
+
+    Returns:
+        (N,) float32: 1 for successes; the shaped reward for the failures of a task with a
+        success; 0 for the other failures.
+    """
+    distances = 1.0 - progress.detach().cpu().double().clamp(0.0, 1.0)
+    success = success.detach().cpu().bool()
+    task_keys = task_keys.detach().cpu().long()
+    rewards = success.double()
+    for key in task_keys.unique().tolist():
+        in_task = task_keys == key
+        failures = (in_task & ~success).nonzero().flatten()
+        if (in_task & success).any() and len(failures):
+            rewards[failures] = _shape(distances[failures], config)
+    return rewards.float()
+
+
 def srpo_reference_rewards(
     embeddings: torch.Tensor,
     success: torch.Tensor,

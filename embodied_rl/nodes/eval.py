@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class TaskRow:
     successes: int = 0
     init_states: set[int] = field(default_factory=set)
     failed_inits: set[int] = field(default_factory=set)
+    progress: list[float] = field(default_factory=list)  # privileged, of measured episodes
 
     @property
     def instruction(self) -> str:
@@ -83,6 +85,11 @@ class TaskRow:
     @property
     def success_rate(self) -> float:
         return self.successes / self.episodes if self.episodes else 0.0
+
+    @property
+    def mean_progress(self) -> float | None:
+        """Mean privileged progress of the task's episodes; None where none was measured."""
+        return sum(self.progress) / len(self.progress) if self.progress else None
 
 
 def task_table(episodes: Sequence[Episode]) -> list[TaskRow]:
@@ -95,6 +102,8 @@ def task_table(episodes: Sequence[Episode]) -> list[TaskRow]:
         row.episodes += 1
         row.successes += int(e.success)
         row.init_states.add(e.init_state)
+        if not math.isnan(e.progress):
+            row.progress.append(e.progress)
         if not e.success:
             row.failed_inits.add(e.init_state)
     return [rows[task] for task in sorted(rows)]
@@ -268,6 +277,7 @@ def append_results(path: Path, step: int, rows: Sequence[TaskRow], suite: str) -
             "episodes": r.episodes,
             "successes": r.successes,
             "success_rate": r.success_rate,
+            "privileged_progress": r.mean_progress,
         }
         for r in rows
     ]

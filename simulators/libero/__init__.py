@@ -12,6 +12,8 @@ Modules:
   flip);
 - ``goals``, ``grasp``, ``skills``, ``privileged``: a task's goal as skill steps, top-down
   grasps, the skills' geometry, and the true scene state a scripted planner reads;
+- ``progress``: privileged task progress (a number in ``[0, 1]`` per env that follows the
+  goal, read from that true state; for logging and oracle rewards, never a policy input);
 - ``planner``, ``planner_config``, ``planner_state``: that planner (pick-and-place, push,
   drawer opening and closing, knob turning, a mug into a microwave and its door shut): its
   phase machine and control, its settings and the phases of each kind of step, and its

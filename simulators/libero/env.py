@@ -49,6 +49,9 @@ evaluation's videos; at most ``MAX_FRAME_SIZE``, 480).
 
 ``wrist_image`` is an extra field of this simulator's observations: the process pool
 (:mod:`simulators.workers`) carries ``image`` and ``state`` only.
+
+``privileged_progress()``: each env's progress towards its task's BDDL goal, read from the
+simulator state (:mod:`simulators.libero.progress`; recorded from each reset's state).
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ from simulators.base import (
     check_reset_ids,
     stack_frames,
 )
+from simulators.libero.privileged import PrivilegedScene
+from simulators.libero.progress import PrivilegedProgress, env_progress
 from simulators.libero.render import MAX_FRAME_SIZE, TaskRenderer
 from simulators.libero.scene import LiberoScene, ResetSnapshot
 from simulators.libero.suites import (
@@ -240,6 +245,7 @@ class LiberoVectorEnv(VectorEnv):
             render_shape=(render, render, 3) if render else None,
         )
         self._scene_of: list[_Built | None] = [None] * num_envs  # None: no reset, or left out
+        self._progress: list[PrivilegedProgress | None] = [None] * num_envs  # None: left out
         self._idle: list[_Built] = []  # kept scenes, least recently used first
         self._assets: dict[int, _TaskAssets] = {}
         self._steps = np.zeros(num_envs, np.int64)
@@ -285,6 +291,9 @@ class LiberoVectorEnv(VectorEnv):
             init_state = self._init_states[built.task][int(inits[i])]
             raw_obs = built.scene.reset(init_state, self.config.settle_steps, hard=hard)
             self._store(i, raw_obs)
+            scene = PrivilegedScene(built.scene.env)  # bound to this reset's model (hard: new)
+            self._progress[i] = PrivilegedProgress.of_file(built.scene.bddl_file).start(scene)
+        self._progress = [None if off else p for p, off in zip(self._progress, self._inactive)]
         self._clear_rows(self._inactive)
         self._steps[:] = 0
         self._done[:] = self._inactive
@@ -344,6 +353,17 @@ class LiberoVectorEnv(VectorEnv):
             self._store(i, raw_obs)
         result = StepResult(self._obs(), reward, self._done.copy(), self._success.copy())
         return result, [stack_frames(frames[i], size) for i in filmed]
+
+    def privileged_progress(self) -> np.ndarray:
+        """``(N,)`` float32 privileged progress of each env's state now (1.0 at success;
+        :mod:`simulators.libero.progress`); 0 for envs left out; NaN for an env whose task's
+        goal has a predicate without a measure (``Turnoff``, ...: its rollouts record NaN,
+        and ``reward.progress_oracle`` refuses them). A done env is not stepped, so its value
+        stays the one its episode ended with.
+        """
+        if not self._was_reset:
+            raise RuntimeError("libero: call reset() before privileged_progress()")
+        return np.array([env_progress(p) for p in self._progress], np.float32)
 
     def render(self, size: int | None = None, envs: Sequence[int] | None = None) -> np.ndarray:
         """Return ``(N, S, S, 3)`` uint8 agentview frames of the current states, rotated.

@@ -149,6 +149,12 @@ class PrivilegedScene:
         """The task's own success test (all goal predicates hold)."""
         return bool(self.env._check_success())
 
+    def holds(self, predicate: str, args: tuple[str, ...]) -> bool:
+        """Whether one goal predicate holds now, by LIBERO's own test (the one
+        :meth:`success` runs for each predicate of the goal), e.g. ``holds("in", ("bowl_1",
+        "basket_1_contain_region"))``; ``predicate`` lower-case, as BDDL's parser gives it."""
+        return bool(self.env._eval_predicate([predicate, *args]))
+
     # --- objects and regions ------------------------------------------------------------------
     def movable_objects(self) -> list[str]:
         """Names of the task's movable objects (``objects_dict``)."""

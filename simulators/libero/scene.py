@@ -300,6 +300,7 @@ class LiberoScene:
                 horizon=horizon,
             )
         self._env = self._wrapper.env  # the robosuite env
+        self.bddl_file = bddl_file  # the task's goal, for its privileged progress
         self._seed = seed
         self._observed: mujoco.MjData | None = None
         self._observed_site_rgba: np.ndarray | None = None

@@ -279,3 +279,46 @@ def test_render_at_another_size_leaves_the_observations_alone():
         assert not np.array_equal(env.render(64), big)  # it draws the current state
         with pytest.raises(ValueError, match="reach render size must be >= 1"):
             env.render(0)
+
+
+def test_privileged_progress_is_the_share_of_the_start_distance_covered():
+    """0 at the reset, ``1 - d / d0`` for a fingertip placed by hand (``d0``: the start
+    distance), 0 farther away than at the start, below 1 just inside the success radius
+    until a step finds the success, then exactly 1 (kept while done); 0 for an env left out."""
+    config = ReachConfig(render_size=0)
+    start, target = init_positions(config)[2, 5], target_positions(config.num_tasks)[2]
+    d0 = float(np.linalg.norm(start - target))  # at least min_start_distance = 0.12 m
+    with build_reach({"render_size": 0}, 2) as env:
+        with pytest.raises(RuntimeError, match="reset"):
+            env.privileged_progress()
+        env.reset([2, 0], [5, 0], active=np.array([True, False]))
+        progress = env.privileged_progress()
+        assert progress.dtype == np.float32 and progress.shape == (2,)
+        np.testing.assert_array_equal(progress, [0.0, 0.0])
+        finger = env._data[0].qpos  # the fingertip's (x, y), moved by hand below
+        finger[:] = target + 0.25 * (start - target)  # a quarter of the start distance left
+        assert env.privileged_progress()[0] == pytest.approx(0.75, abs=1e-6)
+        finger[:] = start + 0.5 * (start - target)  # farther than at the start
+        assert env.privileged_progress()[0] == 0.0
+        finger[:] = target + (start - target) * (0.02 / d0)  # 2 cm away: success not yet seen
+        assert env.privileged_progress()[0] == pytest.approx(1 - 0.02 / d0, abs=1e-6)
+        assert env.privileged_progress()[0] < 1.0
+        result = env.step(np.zeros((2, 2), np.float32))  # at rest: the step finds the success
+        assert result.success[0] and env.privileged_progress()[0] == 1.0
+        env.step(np.ones((2, 2), np.float32))  # done: ignored, the value kept
+        np.testing.assert_array_equal(env.privileged_progress(), [1.0, 0.0])
+
+
+def test_privileged_progress_of_expert_episodes_rises_to_one():
+    with build_reach({"render_size": 0}, 4) as env:
+        obs = env.reset([0, 1, 2, 3], [3, 4, 5, 6])
+        values = [env.privileged_progress()]
+        for _ in range(30):
+            result = env.step(expert_actions(obs.state))
+            obs = result.obs
+            values.append(env.privileged_progress())
+    values = np.stack(values)  # (31, 4)
+    assert result.success.all()
+    np.testing.assert_array_equal(values[0], 0.0)
+    np.testing.assert_array_equal(values[-1], 1.0)
+    assert np.all(np.diff(values, axis=0) >= 0)  # straight at the target: never back

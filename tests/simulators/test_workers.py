@@ -40,14 +40,14 @@ def _episode(env, steps: int, kill_at: int | None = None, tasks=TASKS, inits=INI
     """
     rng = np.random.default_rng(0)  # the same noise on every call: comparable episodes
     obs = env.reset(tasks[: env.num_envs], inits[: env.num_envs])
-    records = [(obs.state, obs.image, None, None, None)]
+    records = [(obs.state, obs.image, None, None, None, env.privileged_progress())]
     for t in range(steps):
         if t == kill_at:
             os.kill(env.child_pids()[-1], signal.SIGKILL)
         noise = rng.uniform(-1, 1, (env.num_envs, 2)).astype(np.float32)
         result = env.step(np.clip(0.4 * expert_actions(obs.state) + 0.6 * noise, -1, 1))
         obs = result.obs
-        records.append((obs.state, obs.image, result.reward, result.done, result.success))
+        records.append((*_step_record(result), env.privileged_progress()))
     return records
 
 
@@ -55,21 +55,27 @@ def _chunked_episode(env, chunks: int, size: int, kill_at: int | None = None) ->
     """Like :func:`_episode` with ``size`` actions per ``step_chunk`` (the same noise)."""
     rng = np.random.default_rng(1)
     obs = env.reset(TASKS[: env.num_envs], INITS[: env.num_envs])
-    records = [(obs.state, obs.image, None, None, None)]
+    records = [(obs.state, obs.image, None, None, None, env.privileged_progress())]
     for t in range(chunks):
         if t == kill_at:
             os.kill(env.child_pids()[-1], signal.SIGKILL)
         chunk = rng.uniform(-1, 1, (env.num_envs, size, 2)).astype(np.float32)
         result = env.step_chunk(chunk)
         obs = result.obs
-        records.append((obs.state, obs.image, result.reward, result.done, result.success))
+        records.append((*_step_record(result), env.privileged_progress()))
     return records
 
 
+def _step_record(result) -> tuple:
+    return result.obs.state, result.obs.image, result.reward, result.done, result.success
+
+
 def _assert_same(records, expected) -> None:
+    """Records: state, image, reward, done, success and privileged progress per step."""
     assert len(records) == len(expected)
+    names = ("state", "image", "reward", "done", "success", "privileged progress")
     for t, (got, want) in enumerate(zip(records, expected)):
-        for name, a, b in zip(("state", "image", "reward", "done", "success"), got, want):
+        for name, a, b in zip(names, got, want):
             if b is None:
                 assert a is None, (t, name)
             else:
@@ -111,6 +117,9 @@ def test_process_env_matches_in_process_and_reruns_a_killed_child(caplog):
 
         expected = _episode(reference, steps=30)
         assert any(rec[3].any() for rec in expected[1:])  # some episodes end in the window
+        for _, _, _, _, success, progress in expected[1:]:  # compared below: not trivial
+            assert np.all(progress[success] == 1.0) and np.all(progress[~success] < 1.0)
+        assert 0.3 < max(rec[5].max() for rec in expected[1:] if not rec[4].all())
         _assert_same(_episode(env, steps=30), expected)
         assert env.task_descriptions == reference.task_descriptions
         np.testing.assert_array_equal(env.render(), reference.render())
@@ -154,14 +163,14 @@ def test_envs_left_out_stay_out_in_the_processes_and_after_a_restart(caplog):
     def episode(env, kill_at=None):
         rng = np.random.default_rng(2)
         obs = env.reset(TASKS, INITS, active)
-        records = [(obs.state, obs.image, None, None, None)]
+        records = [(obs.state, obs.image, None, None, None, env.privileged_progress())]
         for t in range(20):
             if t == kill_at:
                 os.kill(env.child_pids()[0], signal.SIGKILL)
             noise = rng.uniform(-1, 1, (4, 2)).astype(np.float32)
             result = env.step(np.clip(0.4 * expert_actions(obs.state) + 0.6 * noise, -1, 1))
             obs = result.obs
-            records.append((obs.state, obs.image, result.reward, result.done, result.success))
+            records.append((*_step_record(result), env.privileged_progress()))
         return records
 
     options = {"image_size": 16, "render_size": 16}

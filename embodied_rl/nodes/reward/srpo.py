@@ -6,6 +6,11 @@ batch, so a task whose successes happen to sit on another worker gets no shaping
 (embedding, success, task id) rows of the node's whole data-parallel group, computes the
 rewards of the global batch (identically on every rank: the computation is deterministic and
 in float64) and keeps its own rows. ``local`` reproduces the per-GPU behaviour.
+
+``reward.progress_oracle`` is the same reward with privileged progress (read from simulator
+state, ``VectorEnv.privileged_progress``) in place of the embedding distance: an upper bound
+for what a video encoder's ranking of failures can give SRPO, never a default
+(``dag=srpo_oracle``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from tensordict import TensorDict
 from embodied_rl import keys as K
 from embodied_rl.algorithms.srpo import (
     SrpoRewardConfig,
+    progress_oracle_rewards,
     srpo_rewards,
     tasks_without_reference,
     valid_embeddings,
@@ -89,6 +95,50 @@ def srpo_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     batch[K.REWARDS] = rewards[mine].to(batch[K.SUCCESS].device)
     _log_metrics(ctx, rewards[mine], success[mine], valid_embeddings(embeddings[mine]), missing)
     return batch
+
+
+@register_node(
+    "reward.progress_oracle",
+    reads=(K.PRIVILEGED_PROGRESS, K.SUCCESS, K.TASK_ID),
+    writes=(K.REWARDS,),
+    config=SrpoNodeConfig,
+)
+def progress_oracle_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
+    """REWARDS (B,) float32: 1 for a success, SRPO's shaping of ``1 - privileged progress``
+    for a failure (:func:`embodied_rl.algorithms.srpo.progress_oracle_rewards`); the options
+    and metrics of ``reward.srpo`` (the reference set: the task's successes, ``global`` or
+    ``local``). PRIVILEGED_PROGRESS (B,) float32 from ``rollout.env``; a simulator without privileged
+    progress (NaN) is refused."""
+    cfg: SrpoNodeConfig = ctx.node_config
+    progress = batch[K.PRIVILEGED_PROGRESS].detach().cpu().float()
+    if progress.isnan().any():
+        raise ValueError(
+            "reward.progress_oracle needs privileged progress, and this simulator gives none "
+            "(VectorEnv.privileged_progress returned None): use reward.srpo, or a simulator "
+            "that measures progress (libero, reach)"
+        )
+    success = batch[K.SUCCESS].detach().cpu().bool()
+    task_ids = batch[K.TASK_ID].detach().cpu().long()
+    if cfg.reference_scope == "global":
+        columns, success, task_ids, mine = _gather_inputs(ctx, progress[:, None], success, task_ids)
+        progress = columns[:, 0]
+    else:
+        mine = slice(0, len(success))
+    rewards = progress_oracle_rewards(progress, success, task_ids, cfg)
+    batch[K.REWARDS] = rewards[mine].to(batch[K.SUCCESS].device)
+    missing = _tasks_without_success(success, task_ids)
+    everyone = torch.ones(len(rewards[mine]), dtype=torch.bool)
+    _log_metrics(ctx, rewards[mine], success[mine], everyone, missing)
+    return batch
+
+
+def _tasks_without_success(success: torch.Tensor, task_ids: torch.Tensor) -> int:
+    """Task keys with failures but no success (their failures stay 0)."""
+    return sum(
+        1
+        for key in task_ids.unique().tolist()
+        if not success[task_ids == key].any() and (~success[task_ids == key]).any()
+    )
 
 
 def _log_metrics(

@@ -18,6 +18,7 @@ from embodied_rl import keys as K
 from embodied_rl.algorithms.srpo import (
     SrpoRewardConfig,
     dbscan,
+    progress_oracle_rewards,
     reference_points,
     reference_shaping,
     srpo_paper_rewards,
@@ -25,7 +26,7 @@ from embodied_rl.algorithms.srpo import (
     tasks_without_reference,
 )
 from embodied_rl.data.layout import Layout
-from embodied_rl.nodes.reward.srpo import SrpoNodeConfig, srpo_node
+from embodied_rl.nodes.reward.srpo import SrpoNodeConfig, progress_oracle_node, srpo_node
 from embodied_rl.registry import NODE_TYPES
 from embodied_rl.runtime.context import MetricSink, NodeContext
 
@@ -260,3 +261,64 @@ def test_node_writes_rewards_and_metrics(scope):
     failure_mean = (0.3 + TOP + 0.0 + 0.3 + BOTTOM) / 5
     assert metrics["srpo/failure_reward_mean"] == pytest.approx((failure_mean, 5.0, "mean"))
     assert metrics["srpo/tasks_without_reference"] == (1.0, 1.0, "max")
+
+
+# --- the privileged oracle: 1 - progress in place of the embedding distance -----------------
+# Task 0: one success and failures at progress 0.2, 0.6, 0.9 (distances 0.8, 0.4, 0.1: n = 1,
+# 3/7, 0); task 1: failures only, left at 0 as SRPO leaves a task without a reference.
+ORACLE_PROGRESS = [1.0, 0.2, 0.6, 0.9, 0.5, 0.7]
+ORACLE_SUCCESS = [True, False, False, False, False, False]
+ORACLE_TASKS = [0, 0, 0, 0, 1, 1]
+ORACLE_REWARDS = [1.0, BOTTOM, 0.6 * S(10 * (0.5 - 3 / 7)), TOP, 0.0, 0.0]
+
+
+def test_progress_oracle_by_hand():
+    rewards = progress_oracle_rewards(
+        torch.tensor(ORACLE_PROGRESS),
+        torch.tensor(ORACLE_SUCCESS),
+        torch.tensor(ORACLE_TASKS),
+        SrpoRewardConfig(),
+    )
+    assert rewards.tolist() == pytest.approx(ORACLE_REWARDS, abs=1e-6)
+    paper = progress_oracle_rewards(
+        torch.tensor(ORACLE_PROGRESS),
+        torch.tensor(ORACLE_SUCCESS),
+        torch.tensor(ORACLE_TASKS),
+        SrpoRewardConfig(variant="paper", alpha=0.8),
+    )
+    z = torch.tensor([0.8, 0.4, 0.1])  # standardised over task 0's failures
+    z = (z - z.mean()) / z.std(correction=0)
+    assert paper[1:4].tolist() == pytest.approx((0.8 * torch.sigmoid(-z)).tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("scope", ["global", "local"])
+def test_progress_oracle_node_writes_the_rewards_and_srpos_metrics(scope):
+    batch = TensorDict(
+        {
+            K.PRIVILEGED_PROGRESS: torch.tensor(ORACLE_PROGRESS),
+            K.SUCCESS: torch.tensor(ORACLE_SUCCESS),
+            K.TASK_ID: torch.tensor(ORACLE_TASKS),
+        },
+        batch_size=[6],
+    )
+    ctx = _ctx(SrpoNodeConfig(reference_scope=scope))
+    out = progress_oracle_node(ctx, batch)
+    assert out[K.REWARDS].tolist() == pytest.approx(ORACLE_REWARDS, abs=1e-6)
+    metrics = ctx.metrics.pop()
+    assert metrics["srpo/success_rate"] == pytest.approx((1 / 6, 6.0, "mean"))
+    failure_mean = sum(ORACLE_REWARDS[1:]) / 5
+    assert metrics["srpo/failure_reward_mean"] == pytest.approx((failure_mean, 5.0, "mean"))
+    assert metrics["srpo/tasks_without_reference"] == (1.0, 1.0, "max")
+
+
+def test_progress_oracle_refuses_a_simulator_without_progress():
+    batch = TensorDict(
+        {
+            K.PRIVILEGED_PROGRESS: torch.tensor([1.0, math.nan]),
+            K.SUCCESS: torch.tensor([True, False]),
+            K.TASK_ID: torch.tensor([0, 0]),
+        },
+        batch_size=[2],
+    )
+    with pytest.raises(ValueError, match="needs privileged progress.*use reward.srpo"):
+        progress_oracle_node(_ctx(SrpoNodeConfig(reference_scope="local")), batch)

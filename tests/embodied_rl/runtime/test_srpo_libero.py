@@ -40,6 +40,8 @@ def test_srpo_libero_two_steps_write_metrics_checkpoint_and_video(tmp_path):
         assert round(rate * 4) in range(5) and rate == pytest.approx(round(rate * 4) / 4), rate
         assert m["reward/mean"] == pytest.approx(rate, abs=1e-9)
         assert m["srpo/success_rate"] == pytest.approx(rate, abs=1e-9)
+        # The BDDL goal's privileged progress: 1 for each success, below it for the others.
+        assert rate <= m["rollout/privileged_progress"] <= 1.0
     # The evaluation's rate is that of the episodes in its results table (a line per task).
     table = [json.loads(x) for x in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
     final = [row for row in table if row["step"] == 2]
