@@ -3,7 +3,7 @@
 The rollout (``rollout.env`` with ``keep_frames: true``) keeps the frames the policy saw,
 FRAMES ``(B, T, H, W, 3)`` with FRAME_COUNT ``(B,)`` valid frames each. This node writes every
 episode of this rank's batch, cut to its valid frames and labelled with its task, init state,
-instruction and outcome, to one episode video file per step and dp shard
+instruction, outcome and privileged progress, to one episode video file per step and dp shard
 (:func:`~embodied_rl.data.episode_videos.write_episode_videos`)::
 
     <run_dir>/<name>/step_000003/rank_0.hdf5     the episodes of dp shard 0 at step 3
@@ -17,6 +17,7 @@ that only records.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def episode_videos(batch: TensorDict, origin: str) -> list[EpisodeVideo]:
     columns = zip(
         batch[K.TASK_ID].tolist(), batch[K.INIT_STATE_ID].tolist(), batch[K.SUCCESS].tolist()
     )
+    progress = (
+        batch[K.PRIVILEGED_PROGRESS].tolist()
+        if K.PRIVILEGED_PROGRESS in batch.keys()
+        else [math.nan] * len(counts)
+    )
     videos = []
     for i, (task, init_state, success) in enumerate(columns):
         if not 1 <= counts[i] <= frames.shape[1]:
@@ -72,6 +78,7 @@ def episode_videos(batch: TensorDict, origin: str) -> list[EpisodeVideo]:
                 task=int(task),
                 init_state=int(init_state),
                 origin=origin,
+                progress=float(progress[i]),
             )
         )
     return videos

@@ -21,6 +21,7 @@ SRPO encoder see in rollouts), so the two kinds mix. A task is identified by its
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class VideoInfo:
         init_state: official init state id, when the file records it.
         origin: ``demo`` for demonstrations; for rollouts what recorded it (e.g.
             ``rollout step 3 rank 0``).
+        progress: the episode's privileged progress at its end (PRIVILEGED_PROGRESS: from
+            simulator state, 1 at success), ``None`` when not recorded (demos, older files,
+            a simulator without it).
     """
 
     path: Path
@@ -97,6 +101,7 @@ class VideoInfo:
     task: int | None = None
     init_state: int | None = None
     origin: str = "demo"
+    progress: float | None = None
 
     @property
     def source(self) -> str:
@@ -111,6 +116,7 @@ class EpisodeVideo:
     Attributes:
         frames: ``(T, H, W, 3)`` uint8 in the simulator's observation convention, ``T >= 1``.
         instruction / task / init_state / success / origin: as in :class:`VideoInfo`.
+        progress: its privileged progress at the end; NaN (not written) when unknown.
     """
 
     frames: np.ndarray
@@ -119,6 +125,7 @@ class EpisodeVideo:
     task: int = -1
     init_state: int = -1
     origin: str = "rollout"
+    progress: float = math.nan
 
 
 def write_episode_videos(
@@ -169,6 +176,8 @@ def write_episode_videos(
                     instruction=str(video.instruction),
                     origin=str(video.origin),
                 )
+                if not math.isnan(video.progress):  # absent: unknown (read back as None)
+                    group.attrs["privileged_progress"] = float(video.progress)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
@@ -223,9 +232,14 @@ def _scan_episode_file(path: Path, root: object) -> list[VideoInfo]:
                 task=_optional_id(attrs.get("task")),
                 init_state=_optional_id(attrs.get("init_state")),
                 origin=_text(attrs.get("origin", "rollout")),
+                progress=_optional_float(attrs.get("privileged_progress")),
             )
         )
     return infos
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)
 
 
 def _demo_videos(path: Path) -> list[VideoInfo]:

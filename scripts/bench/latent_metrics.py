@@ -1,5 +1,7 @@
-"""The pure metrics of ``world_model_latents.py`` (numpy only): AUC by the Mann-Whitney U,
-Spearman with average ranks, per-task z-scoring and leave-one-out success centroids.
+"""The metrics of ``world_model_latents.py``: AUC by the Mann-Whitney U, Spearman with average
+ranks, per-task z-scoring, leave-one-out success centroids (numpy), and the failure ranking
+of SRPO's reward (``embodied_rl.algorithms.srpo``) against privileged progress with bootstrap
+intervals.
 
 See that script's docstring for what they measure and why.
 """
@@ -178,3 +180,100 @@ def progress_summary(curves: list[np.ndarray], fractions: Sequence[float]) -> di
         "curve_mean": norm.mean(axis=0).tolist() if len(norm) else None,
         "curve_std": norm.std(axis=0).tolist() if len(norm) else None,
     }
+
+
+MIN_RANKED_FAILURES = 3  # a task's failures ranked: fewer give no meaningful rank correlation
+
+
+def _bootstrap_interval(
+    pieces: Sequence[tuple[np.ndarray, np.ndarray]], resamples: int, rng: np.random.Generator
+) -> list[float] | None:
+    """95% percentile interval of the Spearman correlation of the concatenated ``pieces``
+    ``[(rewards (F_k,), progress (F_k,)), ...]``, each resampled with replacement within
+    itself (a task keeps its number of failures); ``None`` when no resample is defined."""
+    values = []
+    for _ in range(resamples):
+        drawn = [rng.integers(0, len(r), len(r)) for r, _ in pieces]
+        rewards = np.concatenate([r[ix] for (r, _), ix in zip(pieces, drawn)])
+        progress = np.concatenate([p[ix] for (_, p), ix in zip(pieces, drawn)])
+        rho = spearman(rewards, progress)
+        if not np.isnan(rho):
+            values.append(rho)
+    if not values:
+        return None
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def failure_ranking(
+    tasks: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Metric 3, the reward's quality where SRPO uses it: does SRPO's failure reward rank the
+    failed episodes of a task as their privileged progress does?
+
+    Args:
+        tasks: ``{instruction: (rewards (N,), success (N,), progress (N,))}``: SRPO's reward
+            of every episode (computed with the task's successes as references), its outcome,
+            and its privileged progress at the end (NaN: not recorded).
+        resamples: bootstrap resamples of the 95% intervals; seed: their generator's seed.
+
+    Returns:
+        ``pooled_spearman`` over the failures of every ranked task with its ``pooled_interval``,
+        ``mean_task_spearman``, ``tasks_ranked`` and ``per_task`` (a ``spearman`` with its
+        ``interval``, or the reason it was ``skipped``: no success to shape against, fewer
+        than :data:`MIN_RANKED_FAILURES` failures with a recorded progress).
+    """
+    rng = np.random.default_rng(seed)
+    per_task: dict[str, dict[str, Any]] = {}
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
+    for key, (rewards, succ, progress) in sorted(tasks.items()):
+        succ, progress = np.asarray(succ, dtype=bool), np.asarray(progress, dtype=np.float64)
+        failed = ~succ & ~np.isnan(progress)
+        row: dict[str, Any] = {"successes": int(succ.sum()), "failures": int(failed.sum())}
+        if not succ.any():
+            row["skipped"] = "no success"
+        elif failed.sum() < MIN_RANKED_FAILURES:
+            row["skipped"] = f"fewer than {MIN_RANKED_FAILURES} failures with progress"
+        else:
+            piece = (np.asarray(rewards, dtype=np.float64)[failed], progress[failed])
+            row["spearman"] = spearman(*piece)
+            row["interval"] = _bootstrap_interval([piece], resamples, rng)
+            pieces.append(piece)
+        per_task[key] = row
+    ranked = [r["spearman"] for r in per_task.values() if "spearman" in r]
+    finite = [rho for rho in ranked if not np.isnan(rho)]
+    pooled = spearman(*map(np.concatenate, zip(*pieces))) if pieces else float("nan")
+    return {
+        "tasks_ranked": len(ranked),
+        "failures_ranked": int(sum(len(r) for r, _ in pieces)),
+        "pooled_spearman": None if np.isnan(pooled) else pooled,
+        "pooled_interval": _bootstrap_interval(pieces, resamples, rng) if pieces else None,
+        "mean_task_spearman": float(np.mean(finite)) if finite else None,
+        "per_task": per_task,
+    }
+
+
+def rank_failures(
+    full: np.ndarray, infos: Sequence[Any], groups: dict[str, list[int]]
+) -> dict[str, Any] | None:
+    """Metric 3 (:func:`failure_ranking`) of ``full`` (N, D) embeddings of ``infos``: SRPO's failure reward of each task's
+    episodes (the reference shaping, the task's successes as references) against their
+    privileged progress; ``None`` when no video recorded a progress (demos, older files)."""
+    if all(info.progress is None for info in infos):
+        return None
+    import torch
+
+    from embodied_rl.algorithms.srpo import SrpoRewardConfig, srpo_rewards
+
+    tasks = {}
+    for key, ix in groups.items():
+        success = torch.tensor([infos[i].success for i in ix])
+        rewards = srpo_rewards(
+            torch.from_numpy(full[ix]), success, torch.zeros(len(ix), dtype=torch.long),
+            SrpoRewardConfig(),
+        )  # fmt: skip
+        progress = [np.nan if infos[i].progress is None else infos[i].progress for i in ix]
+        tasks[key] = (rewards.numpy(), success.numpy(), np.array(progress))
+    return failure_ranking(tasks)

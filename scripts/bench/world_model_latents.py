@@ -20,6 +20,11 @@ each ``--encoder`` (any ``video_encoder.*`` of ``policies/encoders/``):
    with minus that distance (average ranks for ties). The plot's curve is the mean over
    episodes of each episode's distances divided by its own maximum (so every curve lies in
    (0, 1] and no episode weighs more for being far away).
+3. *Failure ranking* (Spearman with privileged progress), where SRPO uses the reward: per
+   task, SRPO's failure reward of its failed episodes (reference shaping, the task's
+   successes as references) against their privileged progress (recorded in episode files by
+   ``rollout.save_episodes``); pooled over the failures of every task with a success and 3
+   or more failures, with a 95% bootstrap interval (failures resampled within their task).
 
 An encoder samples its frames inside each episode's valid length, so a prefix is embedded by
 passing a smaller length. ``--max-frames`` caps the frames read per video (``floor(linspace)``
@@ -57,7 +62,7 @@ from typing import Any
 
 import common
 import numpy as np
-from latent_metrics import progress_distances, progress_summary, separation
+from latent_metrics import progress_distances, progress_summary, rank_failures, separation
 
 NAME = "world_model_latents"
 FRACTIONS = tuple(round(0.1 * k, 1) for k in range(1, 11))  # 0.1, 0.2, ..., 1.0
@@ -289,6 +294,7 @@ def evaluate_encoder(
         ix = groups[infos[i].instruction]
         curves.append(progress_distances(prefixes[i], full[ix], success[ix], ix.index(i)))
     result["progress"] = {**progress_summary(curves, FRACTIONS), "skipped": skipped}
+    result["failure_ranking"] = rank_failures(full, infos, groups)
     result["seconds"] = time.perf_counter() - started
     del encoder
     _free_device_memory()
@@ -322,8 +328,18 @@ def table_row(result: dict[str, Any]) -> dict[str, Any]:
         "pooled_auc": result["pooled_auc"],
         "mean_task_auc": result["mean_task_auc"],
         "progress_spearman": rho,
+        "failure_spearman": _failure_cell(result.get("failure_ranking")),
         "seconds": result["seconds"],
     }
+
+
+def _failure_cell(ranking: dict[str, Any] | None) -> str:
+    """``rho [low, high] (n=F)``: the pooled failure ranking with its 95% interval."""
+    if ranking is None or ranking["pooled_spearman"] is None:
+        return "-"
+    low, high = ranking["pooled_interval"] or (float("nan"), float("nan"))
+    rho, count = ranking["pooled_spearman"], ranking["failures_ranked"]
+    return f"{rho:.3f} [{low:.3f}, {high:.3f}] (n={count})"
 
 
 def plot(results: Sequence[dict[str, Any]], out: Path) -> Path:

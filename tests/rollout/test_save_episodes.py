@@ -35,6 +35,7 @@ def rollout_batch(seed: int = 0) -> tuple:
             K.TASK_ID: torch.tensor([2, 0, 2]),
             K.INIT_STATE_ID: torch.tensor([7, 1, 8]),
             K.SUCCESS: torch.tensor([True, False, True]),
+            K.PRIVILEGED_PROGRESS: torch.tensor([1.0, 0.5, float("nan")]),
             K.PROMPT_TEXT: ["put it", "open it", "put it"],
         }
     )
@@ -71,6 +72,7 @@ def test_writes_the_episodes_cut_to_their_frames_and_labelled(tmp_path):
         (2, 2, 8, True, "put it"),
     ]
     assert {i.origin for i in infos} == {"rollout step 3 rank 0"}
+    assert [i.progress for i in infos] == [1.0, 0.5, None]  # NaN: not recorded
     with h5py.File(path, "r") as f:
         assert f["episodes"].attrs["suite"] == "libero_object"
     for i, info in enumerate(infos):
@@ -138,6 +140,8 @@ def test_record_libero_writes_every_episode_of_a_step(tmp_path):
     assert all(0 <= t < 10 and split_of(s, 5) == "train" for t, s in pairs)
     assert all(isinstance(i.success, bool) for i in infos)
     assert sum(i.success for i in infos) == metrics["episodes/successes"]
+    # Each episode's privileged progress at its end: 1 exactly for the successes.
+    assert all((i.progress == 1.0) == i.success and 0.0 <= i.progress <= 1.0 for i in infos)
     by_task = {}
     for i in infos:
         assert by_task.setdefault(i.task, i.instruction) == i.instruction and i.instruction

@@ -24,20 +24,25 @@ def frames(length: int, seed: int, size: int = 6) -> np.ndarray:
 
 def test_round_trip_keeps_frames_labels_and_order(tmp_path):
     videos = [
-        EpisodeVideo(frames(5, 0), "pick up the milk", True, task=3, init_state=7, origin="o1"),
-        EpisodeVideo(frames(1, 1), "open the drawer", False, task=0, init_state=0, origin="o2"),
-        EpisodeVideo(frames(3, 2), "no ids", False),  # task/init state unknown (-1)
+        EpisodeVideo(
+            frames(5, 0), "pick up the milk", True, task=3, init_state=7, origin="o1", progress=1.0
+        ),
+        EpisodeVideo(
+            frames(1, 1), "open the drawer", False, task=0, init_state=0, origin="o2", progress=0.25
+        ),
+        EpisodeVideo(frames(3, 2), "no ids", False),  # task/init state/progress unknown
     ]
     path = write_episode_videos(tmp_path / "step_000003" / "rank_0.hdf5", videos, "libero_x")
     with h5py.File(path, "r") as f:
         assert f["episodes"].attrs["suite"] == "libero_x"
     infos = scan_videos([tmp_path])  # folders are searched with their subfolders
     assert [
-        (i.length, i.instruction, i.success, i.task, i.init_state, i.origin) for i in infos
+        (i.length, i.instruction, i.success, i.task, i.init_state, i.origin, i.progress)
+        for i in infos
     ] == [
-        (5, "pick up the milk", True, 3, 7, "o1"),
-        (1, "open the drawer", False, 0, 0, "o2"),
-        (3, "no ids", False, None, None, "rollout"),
+        (5, "pick up the milk", True, 3, 7, "o1", 1.0),
+        (1, "open the drawer", False, 0, 0, "o2", 0.25),
+        (3, "no ids", False, None, None, "rollout", None),
     ]
     assert all(i.image_shape == (6, 6, 3) and i.convention == "observation" for i in infos)
     np.testing.assert_array_equal(read_clip(infos[0]), videos[0].frames)

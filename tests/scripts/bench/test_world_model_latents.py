@@ -84,6 +84,32 @@ def test_separation_skips_and_pools():
     assert out["per_task"]["no failure"]["skipped"] == "no failure"
 
 
+def test_failure_ranking_hand_computed():
+    """Task a ranks its failures as progress does (rho 1), task b in reverse (rho -1; its NaN
+    progress is not recorded, so left out); pooled by hand from average ranks: rewards
+    [.1 .3 .5 .5 .3 .1] -> ranks [1.5 3.5 5.5 5.5 3.5 1.5], progress [.2 .4 .9 .1 .2 .3] ->
+    [2.5 5 6 1 2.5 4]; centred products sum to 1, squares to 16 and 17: 1 / sqrt(272)."""
+    nan = float("nan")
+    tasks = {
+        "a": ([1.0, 0.1, 0.3, 0.5], [True, False, False, False], [1.0, 0.2, 0.4, 0.9]),
+        "b": ([1.0, 0.5, 0.3, 0.1, 0.2], [True] + [False] * 4, [1.0, 0.1, 0.2, 0.3, nan]),
+        "c": ([0.0, 0.0, 0.0], [False] * 3, [0.1, 0.2, 0.3]),  # no success: SRPO shapes none
+        "d": ([1.0, 0.2, 0.4], [True, False, False], [1.0, 0.3, 0.5]),  # 2 failures only
+    }
+    out = lm.failure_ranking({k: tuple(map(np.array, v)) for k, v in tasks.items()}, 200)
+    assert out["per_task"]["a"]["spearman"] == pytest.approx(1.0)
+    assert out["per_task"]["a"]["interval"] == pytest.approx([1.0, 1.0])  # any resample: 1
+    assert out["per_task"]["b"]["spearman"] == pytest.approx(-1.0)
+    assert out["per_task"]["b"]["failures"] == 3
+    assert out["per_task"]["c"]["skipped"] == "no success"
+    assert out["per_task"]["d"]["skipped"] == "fewer than 3 failures with progress"
+    assert (out["tasks_ranked"], out["failures_ranked"]) == (2, 6)
+    assert out["pooled_spearman"] == pytest.approx(1 / math.sqrt(272))
+    assert out["mean_task_spearman"] == pytest.approx(0.0)
+    low, high = out["pooled_interval"]
+    assert -1.0 <= low <= out["pooled_spearman"] <= high <= 1.0
+
+
 def test_prefix_lengths_under_the_frame_cap():
     read = wml.read_indices(100, 10)  # floor(linspace(0, 99, 10)) = 0, 11, 22, ..., 99
     assert read.tolist() == [0, 11, 22, 33, 44, 55, 66, 77, 88, 99]
@@ -115,7 +141,8 @@ def _episode(channel: int, start: int, step: int, length: int, **kw) -> EpisodeV
     """Uniform 16x16 frames whose ``channel`` goes ``start, start + step, ...``."""
     frames = np.zeros((length, 16, 16, 3), np.uint8)
     frames[..., channel] = np.clip(start + step * np.arange(length), 0, 255)[:, None, None]
-    return EpisodeVideo(frames=frames, **kw)
+    progress = 1.0 if kw["success"] else start / 100  # privileged progress, as recorded
+    return EpisodeVideo(frames=frames, progress=progress, **kw)
 
 
 def _videos() -> list[EpisodeVideo]:
@@ -176,6 +203,14 @@ def test_main_end_to_end(tmp_path):
     assert pooled["progress"]["spearman_mean"] > 0.8
     assert pooled["progress"]["curve_mean"][-1] < pooled["progress"]["curve_mean"][0]
     assert [row["encoder"] for row in body["rows"]] == ["pooled", "vjepa_random"]
+    # Failure ranking: 2 failures a task are too few to rank (the hand-computed test ranks).
+    ranking = pooled["failure_ranking"]["per_task"]["task 0"]
+    assert ranking == {
+        "successes": 4,
+        "failures": 2,
+        "skipped": "fewer than 3 failures with progress",
+    }
+    assert body["rows"][0]["failure_spearman"] == "-"
 
 
 def test_main_refuses_an_empty_split_and_a_bad_spec(tmp_path, capsys):
