@@ -24,6 +24,7 @@ CPU, so every rank that computes the same batch gets bit-identical rewards.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,7 +216,28 @@ def srpo_rewards(
     embeddings = embeddings.detach().cpu().double()
     success = success.detach().cpu().bool()
     task_keys = task_keys.detach().cpu().long()
-    valid = valid_embeddings(embeddings)
+
+    def distances(failures: torch.Tensor, refs: torch.Tensor) -> torch.Tensor:
+        references = reference_points(embeddings[refs], config.eps, config.min_samples)
+        return nearest_reference_distance(embeddings[failures], references)
+
+    return _shape_failures(success, task_keys, valid_embeddings(embeddings), config, distances)
+
+
+def _shape_failures(
+    success: torch.Tensor,
+    task_keys: torch.Tensor,
+    valid: torch.Tensor,
+    config: SrpoRewardConfig,
+    distances: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The per-task rule both SRPO rewards share: successes 1; the valid failures of a task
+    with a valid success shaped from ``distances(failures, refs)`` ((F,) float64 from the
+    (F,) failure indices and the (N,) bool reference mask); the other failures 0.
+
+    Returns:
+        (N,) float32.
+    """
     rewards = success.double()  # successes 1, every failure 0 until shaped
     for key in task_keys.unique().tolist():
         in_task = task_keys == key
@@ -223,9 +245,7 @@ def srpo_rewards(
         failures = (in_task & ~success & valid).nonzero().flatten()
         if not refs.any() or len(failures) == 0:
             continue  # nothing to compare with (or nobody to shape): failures stay 0
-        references = reference_points(embeddings[refs], config.eps, config.min_samples)
-        distances = nearest_reference_distance(embeddings[failures], references)
-        rewards[failures] = _shape(distances, config)
+        rewards[failures] = _shape(distances(failures, refs), config)
     return rewards.float()
 
 
@@ -253,16 +273,11 @@ def progress_oracle_rewards(
         (N,) float32: 1 for successes; the shaped reward for the failures of a task with a
         success; 0 for the other failures.
     """
-    distances = 1.0 - progress.detach().cpu().double().clamp(0.0, 1.0)
+    distance = 1.0 - progress.detach().cpu().double().clamp(0.0, 1.0)
     success = success.detach().cpu().bool()
     task_keys = task_keys.detach().cpu().long()
-    rewards = success.double()
-    for key in task_keys.unique().tolist():
-        in_task = task_keys == key
-        failures = (in_task & ~success).nonzero().flatten()
-        if (in_task & success).any() and len(failures):
-            rewards[failures] = _shape(distances[failures], config)
-    return rewards.float()
+    every = torch.ones_like(success)  # progress is defined for every episode
+    return _shape_failures(success, task_keys, every, config, lambda f, _: distance[f])
 
 
 def srpo_reference_rewards(
@@ -299,7 +314,19 @@ def tasks_without_reference(
         embeddings: (N, D); success: (N,) bool; task_keys: (N,) int64.
     """
     valid = valid_embeddings(embeddings.detach().cpu())
+    return tasks_without_success(success, task_keys, valid)
+
+
+def tasks_without_success(
+    success: torch.Tensor, task_keys: torch.Tensor, valid: torch.Tensor | None = None
+) -> int:
+    """Number of task keys with (valid) failures but no (valid) success.
+
+    Args:
+        success: (N,) bool; task_keys: (N,) int64; valid: (N,) bool, ``None`` = all valid.
+    """
     success, task_keys = success.detach().cpu().bool(), task_keys.detach().cpu().long()
+    valid = torch.ones_like(success) if valid is None else valid.detach().cpu().bool()
     with_failure = set(task_keys[valid & ~success].tolist())
     with_success = set(task_keys[valid & success].tolist())
     return len(with_failure - with_success)

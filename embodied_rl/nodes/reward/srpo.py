@@ -26,6 +26,7 @@ from embodied_rl.algorithms.srpo import (
     progress_oracle_rewards,
     srpo_rewards,
     tasks_without_reference,
+    tasks_without_success,
     valid_embeddings,
 )
 from embodied_rl.dag.node_type import register_node
@@ -68,6 +69,20 @@ def _gather_inputs(
     return everyone[:, :-2], everyone[:, -2].bool(), everyone[:, -1].long(), mine
 
 
+def _reference_rows(
+    ctx: NodeContext,
+    cfg: SrpoNodeConfig,
+    columns: torch.Tensor,
+    success: torch.Tensor,
+    task_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """The rows the rewards are computed over (every dp rank's with ``global`` scope, this
+    rank's with ``local``): (N, D) columns, (N,) success, (N,) task ids, and this rank's rows."""
+    if cfg.reference_scope == "global":
+        return _gather_inputs(ctx, columns, success, task_ids)
+    return columns, success, task_ids, slice(0, len(success))
+
+
 @register_node(
     "reward.srpo",
     reads=(K.TRAJ_EMBEDDING, K.SUCCESS, K.TASK_ID),
@@ -86,10 +101,7 @@ def srpo_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     embeddings = batch[K.TRAJ_EMBEDDING].detach().cpu()
     success = batch[K.SUCCESS].detach().cpu().bool()
     task_ids = batch[K.TASK_ID].detach().cpu().long()
-    if cfg.reference_scope == "global":
-        embeddings, success, task_ids, mine = _gather_inputs(ctx, embeddings, success, task_ids)
-    else:
-        mine = slice(0, len(success))
+    embeddings, success, task_ids, mine = _reference_rows(ctx, cfg, embeddings, success, task_ids)
     rewards = srpo_rewards(embeddings, success, task_ids, cfg)
     missing = tasks_without_reference(embeddings, success, task_ids)
     batch[K.REWARDS] = rewards[mine].to(batch[K.SUCCESS].device)
@@ -107,38 +119,28 @@ def progress_oracle_node(ctx: NodeContext, batch: TensorDict) -> TensorDict:
     """REWARDS (B,) float32: 1 for a success, SRPO's shaping of ``1 - privileged progress``
     for a failure (:func:`embodied_rl.algorithms.srpo.progress_oracle_rewards`); the options
     and metrics of ``reward.srpo`` (the reference set: the task's successes, ``global`` or
-    ``local``). PRIVILEGED_PROGRESS (B,) float32 from ``rollout.env``; a simulator without privileged
-    progress (NaN) is refused."""
+    ``local``). PRIVILEGED_PROGRESS (B,) float32 from ``rollout.env``; a simulator without
+    privileged progress (NaN) is refused."""
     cfg: SrpoNodeConfig = ctx.node_config
     progress = batch[K.PRIVILEGED_PROGRESS].detach().cpu().float()
     if progress.isnan().any():
         raise ValueError(
-            "reward.progress_oracle needs privileged progress, and this simulator gives none "
-            "(VectorEnv.privileged_progress returned None): use reward.srpo, or a simulator "
+            "reward.progress_oracle needs privileged progress, and some episodes have none "
+            "(a simulator without VectorEnv.privileged_progress, or a LIBERO goal predicate "
+            "without a measure). Fix: use reward.srpo (dag=srpo), or tasks of a simulator "
             "that measures progress (libero, reach)"
         )
     success = batch[K.SUCCESS].detach().cpu().bool()
     task_ids = batch[K.TASK_ID].detach().cpu().long()
-    if cfg.reference_scope == "global":
-        columns, success, task_ids, mine = _gather_inputs(ctx, progress[:, None], success, task_ids)
-        progress = columns[:, 0]
-    else:
-        mine = slice(0, len(success))
-    rewards = progress_oracle_rewards(progress, success, task_ids, cfg)
+    columns, success, task_ids, mine = _reference_rows(
+        ctx, cfg, progress[:, None], success, task_ids
+    )
+    rewards = progress_oracle_rewards(columns[:, 0], success, task_ids, cfg)
     batch[K.REWARDS] = rewards[mine].to(batch[K.SUCCESS].device)
-    missing = _tasks_without_success(success, task_ids)
+    missing = tasks_without_success(success, task_ids)
     everyone = torch.ones(len(rewards[mine]), dtype=torch.bool)
     _log_metrics(ctx, rewards[mine], success[mine], everyone, missing)
     return batch
-
-
-def _tasks_without_success(success: torch.Tensor, task_ids: torch.Tensor) -> int:
-    """Task keys with failures but no success (their failures stay 0)."""
-    return sum(
-        1
-        for key in task_ids.unique().tolist()
-        if not success[task_ids == key].any() and (~success[task_ids == key]).any()
-    )
 
 
 def _log_metrics(
