@@ -14,19 +14,19 @@ the shipped seed too, first, so that all of them are measured side by side on on
 
 Per run: wall seconds, seconds per training step, the rollouts' success at every step, and
 held-out successes before and after RL (``eval/results.jsonl``). Writes
-``docs/benchmarks/<--name>.{json,png}`` with every command; a run folder under ``--runs``
-that already finished is read back instead of rerun (``--fresh`` reruns), so an interrupted
-benchmark goes on where it stopped.
+``docs/benchmarks/<--name>.{json,png}`` with every command. The runs go to ``--runs``
+(default ``outputs/bench_<--name>``, so the runs of one name never replace another's); a run
+folder there that already finished is read back instead of rerun (``--fresh`` reruns), so an
+interrupted benchmark goes on where it stopped.
 
 Run (about 7-10 minutes a run on 2 idle cores)::
 
     .venv/bin/python scripts/bench/main_job.py                     # the shipped run
     .venv/bin/python scripts/bench/main_job.py --shipped --seeds 1 2 --name main_job_seeds
     .venv/bin/python scripts/bench/main_job.py --name main_job_half_episodes \\
-        --runs outputs/bench_main_job_half --overrides data.batch_size=4 rollout.group_size=4
+        --overrides data.batch_size=4 rollout.group_size=4
 
-``--overrides`` runs a variant (the half-episodes run above); give it a ``--runs`` folder of
-its own, so that a variant's runs never replace the shipped ones.
+``--overrides`` runs a variant (the half-episodes run above) under a ``--name`` of its own.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--shipped", action="store_true", help="also the shipped seed, first (with --seeds)"
     )
-    parser.add_argument("--runs", type=Path, default=Path("outputs/bench_main_job"))
+    parser.add_argument(
+        "--runs", type=Path, default=None, help="run folders (default: outputs/bench_<name>)"
+    )
     parser.add_argument("--name", default="main_job", help="results name under --out")
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR)
     parser.add_argument("--fresh", action="store_true", help="rerun finished runs too")
@@ -63,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="config overrides added to every run's command (a variant of the main job)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.runs = args.runs or Path("outputs") / f"bench_{args.name}"
+    return args
 
 
 def train_command(run_dir: Path, seed: int | None, overrides: Sequence[str] = ()) -> list[str]:

@@ -58,6 +58,9 @@ def test_a_finished_run_is_reused_only_for_the_same_command(tmp_path):
         wall_s < 60 and json.loads((run_dir / main_job.WALL_FILE).read_text())["command"] == other
     )
     assert main_job.train_command(run_dir, None)[-1] == f"run_dir={run_dir}"
+    # Each --name has run folders of its own unless --runs says otherwise.
+    assert main_job.parse_args(["--name", "half"]).runs == main_job.Path("outputs/bench_half")
+    assert main_job.parse_args(["--runs", str(run_dir)]).runs == run_dir
     variant = main_job.train_command(run_dir, 2, ["data.batch_size=4"])
     assert variant[-3:] == [f"run_dir={run_dir}", "data.batch_size=4", "seed=2"]
     assert main_job.train_command(run_dir, 2)[-2:] == [f"run_dir={run_dir}", "seed=2"]
