@@ -41,6 +41,7 @@ the same types, and ``demo_formats.py``, above both, says which reader reads a p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -253,6 +254,27 @@ def scan_demo_file(path: str | Path) -> list[DemoInfo]:
                 )
             )
     return infos
+
+
+def content_digest(path: str | Path) -> str:
+    """SHA-256 over every dataset of every demo of a demonstration file (name, dtype, shape
+    and bytes, in sorted order): equal for two files with the same demos, whatever HDF5's
+    object timestamps, chunking or attributes (the model XML names local paths)."""
+    import h5py
+
+    digest = hashlib.sha256()
+    with h5py.File(path, "r") as f:
+        data = f["data"]
+
+        def add(name: str, item: Any) -> None:
+            if isinstance(item, h5py.Dataset):
+                value = np.asarray(item)
+                digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+                digest.update(np.ascontiguousarray(value).tobytes())
+
+        for demo in _demo_names(Path(path), data):
+            data[demo].visititems(lambda name, item, demo=demo: add(f"{demo}/{name}", item))
+    return digest.hexdigest()
 
 
 def find_hdf5_files(

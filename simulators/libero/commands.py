@@ -55,8 +55,9 @@ def _add_demos_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--resume",
         action="store_true",
-        help="with --report: keep the tasks that --out's report.json already holds (a "
-        "stopped run goes on where it stopped) and run only the others",
+        help="keep the tasks whose demos --out's demos.json records (same init states, file "
+        "unchanged) and, with --report, the tasks report.json holds; run only the others (a "
+        "stopped run goes on where it stopped)",
     )
     cmd.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     cmd.add_argument(

@@ -6,6 +6,13 @@ calls :func:`demos_command`. The episodes and the demo files come from
 progress bar, and with ``--report`` summarises the planner on every official init state of
 each task (no cameras) in ``report.json`` and ``report.md``: successes, mean episode steps of
 the successes, failed init states and why, and tasks whose goal the planner does not handle.
+
+Every run that records demos also keeps ``demos.json`` / ``demos.md`` in the output folder: the
+same summary of the recorded episodes (the planner's success on the init states asked for),
+each task's file and the digest of its content (:func:`~embodied_rl.data.demos.content_digest`),
+written after every task. ``--resume`` keeps the tasks it holds (asked the same init states,
+their file present and unchanged) and runs the others: a stopped corpus build goes on where it
+stopped, and a rebuild is checked equal by comparing two ``demos.json``.
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from embodied_rl.data.demos import content_digest
 from embodied_rl.runtime.config import ConfigError
 from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
 from simulators.libero.goals import Step, UnsupportedGoalError, goal_steps, parse_goal
 from simulators.libero.planner_config import PlannerConfig
+
+REPORT, DEMOS = "report", "demos"  # the stems of --report's summary and of the demos record
 
 
 @dataclass
@@ -39,6 +49,9 @@ class TaskReport:
     failed_init_states: list[int] = field(default_factory=list)
     failures: dict[int, str] = field(default_factory=dict)
     unsupported: str | None = None  # the planner has no skill for the goal
+    init_states: list[int] = field(default_factory=list)  # the init states it ran on
+    demo_file: str | None = None  # demos.json: the file written (name in --out), if any
+    digest: str | None = None  # demos.json: content_digest of that file
 
     @property
     def rate(self) -> float:
@@ -88,13 +101,15 @@ def summarise(task: TaskInfo, results: Sequence[EpisodeResult]) -> TaskReport:
         mean_steps=float(np.mean(lengths)) if lengths else None,
         failed_init_states=[r.init_state_id for r in failed],
         failures={r.init_state_id: str(r.failure) for r in failed},
+        init_states=[r.init_state_id for r in results],
     )
 
 
-def report_markdown(suite: str, reports: Sequence[TaskReport]) -> str:
+def report_markdown(suite: str, reports: Sequence[TaskReport], stem: str = REPORT) -> str:
     """A Markdown table: task, instruction, successes/episodes, rate, mean steps, failures."""
+    what = "" if stem == REPORT else ", the recorded demo episodes"
     lines = [
-        f"# Scripted planner on {suite}",
+        f"# Scripted planner on {suite}{what}",
         "",
         "| task | instruction | successes | rate | mean steps | failed init states |",
         "|---:|---|---:|---:|---:|---|",
@@ -118,28 +133,28 @@ def report_markdown(suite: str, reports: Sequence[TaskReport]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, suite: str, reports: Sequence[TaskReport]) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``report.md`` into ``out``."""
+def write_report(
+    out: Path, suite: str, reports: Sequence[TaskReport], stem: str = REPORT
+) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` and ``<stem>.md`` into ``out`` (``report``: the ``--report``
+    summary; ``demos``: the record of the demo episodes)."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "suite": suite,
         "tasks": [{**asdict(r), "rate": r.rate} for r in reports],
     }
-    json_path, md_path = out / "report.json", out / "report.md"
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(report_markdown(suite, reports), encoding="utf-8")
+    md_path.write_text(report_markdown(suite, reports, stem), encoding="utf-8")
     return json_path, md_path
 
 
-def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[int, TaskReport]:
-    """The task reports a stopped ``--report`` run left in ``out/report.json`` (``--resume``).
-
-    Only tasks that ran on every official init state are kept; a report of another suite is
-    refused rather than mixed in.
-    """
-    path = out / "report.json"
+def read_reports(out: Path, suite: str, stem: str = REPORT) -> list[TaskReport]:
+    """The task entries of ``out/<stem>.json`` (none if it is missing); a file of another
+    suite is refused rather than mixed in."""
+    path = out / f"{stem}.json"
     if not path.exists():
-        return {}
+        return []
     payload = json.loads(path.read_text(encoding="utf-8"))
     if payload.get("suite") != suite:
         raise ConfigError(
@@ -147,13 +162,41 @@ def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[i
             "give the --out folder of the same suite's report, or drop --resume",
         )
     fields = set(TaskReport.__dataclass_fields__)
-    kept = {}
+    reports = []
     for entry in payload["tasks"]:
         report = TaskReport(**{k: v for k, v in entry.items() if k in fields})
         report.failures = {int(k): v for k, v in report.failures.items()}
-        complete = report.episodes == infos[report.task_id].num_init_states
-        if report.unsupported is None and complete:
-            kept[report.task_id] = report
+        reports.append(report)
+    return reports
+
+
+def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[int, TaskReport]:
+    """The task reports a stopped ``--report`` run left in ``out/report.json`` (``--resume``).
+
+    Only tasks that ran on every official init state are kept.
+    """
+    return {
+        r.task_id: r
+        for r in read_reports(out, suite)
+        if r.unsupported is None and r.episodes == infos[r.task_id].num_init_states
+    }
+
+
+def finished_demos(out: Path, suite: str, demo_ids: dict[int, list[int]]) -> dict[int, TaskReport]:
+    """The tasks whose demos a stopped run recorded in ``out/demos.json`` (``--resume``).
+
+    Kept: tasks asked the same init states (``demo_ids``: task id -> init state ids) whose
+    demo file, if they had a success, is still there with the digest recorded.
+    """
+    kept = {}
+    for report in read_reports(out, suite, DEMOS):
+        if report.init_states != demo_ids.get(report.task_id):
+            continue
+        if report.demo_file is not None:
+            path = out / report.demo_file
+            if not path.exists() or content_digest(path) != report.digest:
+                continue
+        kept[report.task_id] = report
     return kept
 
 
@@ -197,8 +240,9 @@ def demos_command(
         image_size: side of both cameras' frames in the demos.
         report: also run every init state of each task without cameras and write the
             success report.
-        resume: with ``report``: tasks already complete in ``out/report.json`` are kept,
-            not run again (see :func:`finished_reports`).
+        resume: tasks whose demos ``out/demos.json`` records (the same init states, the
+            file unchanged) are not run again (:func:`finished_demos`), nor, with ``report``,
+            tasks complete in ``out/report.json`` (:func:`finished_reports`).
         overwrite: replace demo files that exist in ``out`` (otherwise they are refused
             before any episode runs).
         videos: also write an MP4 of every demo, ``out/videos/<task name>_init<k>.mp4``.
@@ -231,13 +275,14 @@ def demos_command(
     config = config or PlannerConfig()
     runnable = [t for t in selected if not isinstance(goals[t.task_id], str)]
     demo_ids = {t.task_id: _resolve(init_states, t.num_init_states) for t in runnable}
+    done = finished_reports(out, suite, infos) if resume and report else {}
+    recorded = finished_demos(out, suite, demo_ids) if resume else {}
+    if done or recorded:
+        tqdm.write(f"resuming: tasks {sorted(set(done) | set(recorded))} are in {out} already")
+    for task_id in recorded:
+        demo_ids[task_id] = []  # their demos are written: not run again
     if not overwrite:
         check_no_demo_files(out, [t for t in runnable if demo_ids[t.task_id]])
-    if resume and not report:
-        raise ConfigError("--resume continues a --report run", "add --report, or drop --resume")
-    done = finished_reports(out, suite, infos) if resume else {}
-    if done:
-        tqdm.write(f"resuming: tasks {sorted(done)} are in {out / 'report.json'} already")
     jobs = {
         t.task_id: TaskJob(
             suite,
@@ -253,6 +298,7 @@ def demos_command(
         )
         for t in runnable
     }
+    demo_reports = {task_id: recorded[task_id] for task_id in recorded}
     reports: dict[int, TaskReport] = {}
     total = sum(job.episodes for job in jobs.values())
     with tqdm(total=total, desc=f"{suite} episodes", disable=not progress) as bar:
@@ -261,16 +307,25 @@ def demos_command(
             if isinstance(steps, str):
                 tqdm.write(f"task {task.task_id} ({task.name}): skipped, {steps}")
                 reports[task.task_id] = _unsupported(task, steps)
+                if init_states is None or init_states:
+                    demo_reports[task.task_id] = _unsupported(task, steps)
             elif report and task.task_id in done:
                 reports[task.task_id] = done[task.task_id]
         for task_id, outcome in _run_jobs(jobs, processes, bar):
             task = jobs[task_id].task
             if jobs[task_id].demo_ids:
                 tqdm.write(_demo_line(task, outcome.demos, outcome.demo_file))
+                demo_reports[task_id] = demo_record(task, outcome)
+                write_report(out, suite, _in_order(demo_reports, task_ids), DEMOS)
             if outcome.report is not None:
                 reports[task_id] = summarise(task, outcome.report)
                 tqdm.write(_report_line(reports[task_id]))
                 write_report(out, suite, _in_order(reports, task_ids))  # so far: the progress
+    if any(demo_ids.values()):
+        json_path, _ = write_report(out, suite, _in_order(demo_reports, task_ids), DEMOS)
+        ran = [r for r in demo_reports.values() if r.unsupported is None]
+        wins, total = sum(r.successes for r in ran), sum(r.episodes for r in ran)
+        print(f"demos: {wins}/{total} episodes succeeded, recorded in {json_path}")
     reports = _in_order(reports, task_ids)
     if report:
         json_path, md_path = write_report(out, suite, reports)
@@ -308,6 +363,15 @@ class TaskOutcome:
     demos: list[EpisodeResult]
     demo_file: Path | None
     report: list[EpisodeResult] | None
+
+
+def demo_record(task: TaskInfo, outcome: TaskOutcome) -> TaskReport:
+    """The ``demos.json`` entry of a task's demo episodes: their summary, file and digest."""
+    record = summarise(task, outcome.demos)
+    if outcome.demo_file is not None:
+        record.demo_file = outcome.demo_file.name
+        record.digest = content_digest(outcome.demo_file)
+    return record
 
 
 def run_job(job: TaskJob, bar: tqdm | None = None) -> TaskOutcome:

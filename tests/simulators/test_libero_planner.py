@@ -22,7 +22,7 @@ import pytest
 
 from embodied_rl.cli import main
 from embodied_rl.data.demo_formats import load_demo
-from embodied_rl.data.demos import scan_demo_file
+from embodied_rl.data.demos import content_digest, scan_demo_file
 from embodied_rl.runtime.config import ConfigError
 from embodied_rl.video import read_video
 from simulators.libero.demos import EpisodeResult, TaskInfo, run_episode, suite_tasks
@@ -722,6 +722,19 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
         obs = result.obs
         assert result.success[0] == (t == info.length - 1), f"success at step {t}"
 
+    # demos.json records each task's episodes, file and content digest; --resume keeps them.
+    record = json.loads((out / "demos.json").read_text())["tasks"]
+    assert [(r["task_id"], r["init_states"], r["successes"]) for r in record] == [
+        (1, [0], 1),
+        (2, [0], 1),
+    ]
+    assert record[0]["digest"] == content_digest(out / record[0]["demo_file"])
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*.hdf5")}
+    assert main([*args, str(out), "--no-progress", "--resume"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.hdf5")} == stamps  # nothing re-run
+    # another init state is another request: the task runs again, refused over its file
+    assert main(["demos", "--tasks", "1", "--init-states", "1", "--out", str(out), "--resume"]) == 2
+
 
 @pytest.mark.libero
 @requires_libero
@@ -737,7 +750,6 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
         ),
         (["--image-size", "0"], "--image-size 0 must be >= 1"),
         (["--processes", "0"], "--processes 0 must be >= 1"),
-        (["--tasks", "0", "--resume"], "--resume continues a --report run. Fix: add --report"),
     ],
 )
 def test_bad_demo_requests_are_refused(tmp_path, capsys, args, message):

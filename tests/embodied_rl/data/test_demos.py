@@ -12,6 +12,7 @@ from embodied_rl.data.demo_formats import load_demo
 from embodied_rl.data.demo_writer import DemoEpisode, write_demo_file
 from embodied_rl.data.demos import (
     DemoFormatError,
+    content_digest,
     dataset_statistics,
     find_demo_files,
     scan_demo_file,
@@ -67,6 +68,21 @@ def test_round_trip_keeps_values_and_observation_orientation(tmp_path):
         assert json.loads(f["data"].attrs["problem_info"])["language_instruction"] == "do it"
         assert list(f["data/demo_1/dones"][()]) == [0, 0, 0, 1]
     np.testing.assert_array_equal(stored[2, 0, 0], episodes[1].agentview_rgb[2, -1, -1])
+
+
+def test_content_digest_follows_the_demos_not_the_file(tmp_path):
+    first = write(tmp_path / "a_demo.hdf5", [episode(5, 3), episode(4, 7)])
+    same = write(tmp_path / "b_demo.hdf5", [episode(5, 3), episode(4, 7)])
+    with h5py.File(same, "a") as f:  # attributes (model XML, paths) are not content
+        f["data"].attrs["bddl_file_name"] = "/elsewhere/task.bddl"
+    assert first.read_bytes() != same.read_bytes()
+    assert content_digest(first) == content_digest(same)
+    with h5py.File(same, "a") as f:  # one action changed by one ulp
+        actions = f["data/demo_1/actions"]
+        actions[2, 0] = np.nextafter(actions[2, 0], 2.0)
+    assert content_digest(first) != content_digest(same)
+    reordered = write(tmp_path / "c_demo.hdf5", [episode(4, 7), episode(5, 3)])
+    assert content_digest(first) != content_digest(reordered)
 
 
 def test_opencv_files_are_flipped_horizontally_only(tmp_path):
