@@ -123,6 +123,24 @@ def test_eval_split_and_name_reach_the_evaluation_dag():
         validate_config(compose("srpo_reach", ["eval.at_start=true", "eval.every=1"]))
 
 
+def test_eval_tasks_default_to_the_trained_tasks():
+    """``eval.tasks`` unset: the evaluation's tasks are ``data.tasks``; pretrain_libero90
+    trains on every task of its corpus and evaluates a fixed ten of them; ``null`` is all."""
+    from omegaconf import OmegaConf
+
+    def eval_tasks(name, overrides):
+        plain = OmegaConf.to_container(compose(name, overrides), resolve=True)
+        (tasks,) = [node for node in plain["eval_dag"]["nodes"] if node["id"] == "tasks"]
+        return tasks["config"]["tasks"], plain["data"]["tasks"]
+
+    assert eval_tasks("srpo_oft_libero", []) == ([0], [0])
+    assert eval_tasks("srpo_oft_libero", ["+eval.tasks=[3,4]"]) == ([3, 4], [0])
+    inputs = list(input_overrides("pretrain_libero90"))
+    evaluated, trained = eval_tasks("pretrain_libero90", inputs)
+    assert trained is None and len(evaluated) == 10 == len(set(evaluated))
+    assert eval_tasks("pretrain_libero90", [*inputs, "eval.tasks=null"]) == (None, None)
+
+
 def test_eval_videos_replay_the_rollouts_env_at_eval_video_size():
     """The evaluation rollout keeps its actions (no frames); rollout.videos replays on the same
     env (same simulator settings) at eval.video_size; bad sizes are refused at validate."""

@@ -221,6 +221,9 @@ class EvalConfig:
             training rows is refused.
         name: metric prefix (``<name>/success_rate``) and report folder under the run dir;
             give another split its own, e.g. ``eval.split=train eval.name=eval_train``.
+        tasks: the suite task ids evaluated. Not set: ``data.tasks``, the tasks the run
+            trains on; ``null``: every task of the suite. Multi-task pretraining evaluates a
+            fixed subset of its tasks (``configs/pretrain_libero90.yaml``).
     """
 
     every: int = 0
@@ -232,6 +235,7 @@ class EvalConfig:
     suite_name: str = ""
     split: str = "heldout"
     name: str = "eval"
+    tasks: list[int] | None = None
 
     def __post_init__(self) -> None:
         check_range("batch_size", self.batch_size, 0, low_open=True)

@@ -86,11 +86,17 @@ def write_synthetic_demos(
 @functools.cache
 def input_overrides(name: str) -> tuple[str, ...]:
     """Overrides that give a shipped config the input files validation opens: for
-    sft_libero, whose ``demos/libero_spatial`` the user generates, and pretrain_vjepa_libero
-    (demos are videos of successes to it), a folder of synthetic demo files (written once per
-    process and config, removed at exit)."""
-    if name not in ("sft_libero", "pretrain_vjepa_libero"):
+    sft_libero, whose ``demos/libero_spatial`` the user generates, pretrain_libero90 (the
+    LIBERO-90 corpus) and pretrain_vjepa_libero (demos are videos of successes to it), a
+    folder of synthetic demo files of the config's suite (written once per process and
+    config, removed at exit)."""
+    suites = {
+        "sft_libero": "libero_spatial",
+        "pretrain_vjepa_libero": "libero_spatial",
+        "pretrain_libero90": "libero_90",
+    }
+    if name not in suites:
         return ()
     folder = Path(tempfile.mkdtemp(prefix="synthetic_demos_"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return (f"data.paths=['{write_synthetic_demos(folder)}']",)
+    return (f"data.paths=['{write_synthetic_demos(folder, suite=suites[name])}']",)
