@@ -11,6 +11,7 @@ nor each other's loading code.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from embodied_rl.data.demos import (
     Demo,
@@ -25,6 +26,8 @@ from embodied_rl.data.lerobot import (
     load_lerobot_demo,
     scan_lerobot_dataset,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def scan_demos(paths: Sequence[str], lerobot: LeRobotFeatures | None = None) -> list[DemoInfo]:
@@ -47,3 +50,20 @@ def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:
     if info.lerobot is not None:
         return load_lerobot_demo(info, cameras)
     return load_hdf5_demo(info, cameras)
+
+
+def resolve_demo_paths(paths: list[str]) -> list[Path]:
+    """Each path as given if it exists, else relative to the repo root; a clear error if not."""
+    out = []
+    for path in paths:
+        candidate = Path(path).expanduser()
+        if not candidate.exists() and (REPO_ROOT / path).exists():
+            candidate = REPO_ROOT / path
+        if not candidate.exists():
+            raise FileNotFoundError(
+                f"demonstration path {path!r} does not exist (looked in {Path.cwd()} and "
+                f"{REPO_ROOT}); set data.paths to demo files or folders (generate them with "
+                "`embodied-rl demos`)"
+            )
+        out.append(candidate)
+    return out

@@ -106,6 +106,51 @@ def check_frame_sizes(infos: Sequence[DemoInfo]) -> None:
         )
 
 
+def check_frame_size(infos: Sequence[DemoInfo], image_size: int) -> None:
+    """With ``data.resize_frames`` false: refuse demos whose frames are not ``image_size``
+    square (a corpus built for another size; resizing would train on other pixels than the
+    rollouts render)."""
+    for info in infos:
+        if info.image_shape[:2] != (image_size, image_size):
+            height, width = info.image_shape[:2]
+            raise ValueError(
+                f"{info.source} has frames of {height}x{width}, the run's frames are "
+                f"{image_size}x{image_size} (data.image_size) and data.resize_frames is false. "
+                f"Fix: build the demos at that size (`embodied-rl demos --image-size "
+                f"{image_size}`), or set data.resize_frames=true to resize them"
+            )
+
+
+# LIBERO's env actions: delta position and rotation scaled to [-1, 1], gripper -1 open / +1 close.
+GRIPPER_VALUES = (-1.0, 1.0)
+ACTION_TOLERANCE = 1e-4
+
+
+def check_action_convention(infos: Sequence[DemoInfo]) -> None:
+    """Refuse demos whose actions are not the env's convention (reads every demo's actions,
+    no pixels): a delta pose outside [-1, 1] (absolute poses, unscaled deltas) or a gripper
+    that is not -1 / +1 (e.g. OpenVLA's [0, 1] with 1 = open)."""
+    for info in infos:
+        actions = load_demo(info, cameras=()).actions
+        pose, gripper = np.abs(actions[:, : ACTION_DIM - 1]), actions[:, ACTION_DIM - 1]
+        if pose.max() > 1 + ACTION_TOLERANCE:
+            raise ValueError(
+                f"{info.source}: delta-pose actions reach {pose.max():.3g}, outside LIBERO's "
+                "[-1, 1] (scaled delta end-effector actions): another action convention. Fix: "
+                "convert the actions to scaled deltas, or regenerate the demos with "
+                "`embodied-rl demos`"
+            )
+        off = ~np.isclose(gripper[:, None], GRIPPER_VALUES, atol=ACTION_TOLERANCE).any(axis=1)
+        if off.any():
+            found = sorted({round(float(v), 3) for v in gripper})[:4]
+            raise ValueError(
+                f"{info.source}: gripper actions take values {found}, not LIBERO's -1 (open) / "
+                "+1 (close): another gripper convention. Fix: convert them (a LeRobot dataset "
+                "of OpenVLA's [0, 1], 1 = open: data.lerobot.gripper=openvla), or regenerate "
+                "the demos with `embodied-rl demos`"
+            )
+
+
 def demos_of_tasks(
     infos: Sequence[DemoInfo], tasks: Sequence[int], suite: str | None = None
 ) -> list[DemoInfo]:

@@ -14,7 +14,15 @@ from embodied_rl import keys as K
 from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.dataloader import ShardedPromptLoader
-from embodied_rl.data.demo_loader import CAMERAS, DemoLoader, check_frame_sizes, select_demos
+from embodied_rl.data.demo_formats import resolve_demo_paths
+from embodied_rl.data.demo_loader import (
+    CAMERAS,
+    DemoLoader,
+    check_action_convention,
+    check_frame_size,
+    check_frame_sizes,
+    select_demos,
+)
 from embodied_rl.data.demos import DemoInfo
 from embodied_rl.data.lerobot import LeRobotFeatures
 from embodied_rl.data.prompt_checks import check_file_head
@@ -32,6 +40,7 @@ from embodied_rl.runtime.context import NodeContext
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOADER_STATE = "loader"
+STATISTICS_SOURCES = ("demos", "checkpoint")  # data.demos' statistics option
 
 
 @dataclass
@@ -301,6 +310,11 @@ class DemoDataConfig:
             cameras, proprio and actions, the frames' orientation and the gripper convention
             (:class:`embodied_rl.data.lerobot.LeRobotFeatures`; ``None``: its defaults, the
             names of the LeRobot LIBERO conversions).
+        resize_frames: frames of another size than ``image_size`` are resized; false refuses
+            them (a pretraining corpus built for the run's size).
+        statistics: ``demos``: the policy's action and proprio normalisation is set from the
+            selected demos; ``checkpoint``: it keeps the statistics its ``init_from``
+            checkpoint has (fine-tuning a pretrained policy in the action space it learned).
     """
 
     paths: list[str]
@@ -316,10 +330,16 @@ class DemoDataConfig:
     tasks: list[int] | None = None
     suite: str | None = None
     lerobot: dict[str, Any] | None = None
+    resize_frames: bool = True
+    statistics: str = "demos"
 
     def __post_init__(self) -> None:
         if not self.paths:
             raise ValueError("paths is empty; list demo files or folders (data.paths)")
+        if self.statistics not in STATISTICS_SOURCES:
+            raise ValueError(
+                f"statistics={self.statistics!r}; expected one of {STATISTICS_SOURCES}"
+            )
         self.lerobot_features = LeRobotFeatures.from_options(self.lerobot)
         unknown = sorted(set(self.cameras) - set(CAMERAS))
         if unknown:
@@ -345,28 +365,15 @@ class DemoDataConfig:
 
     def check_inputs(self) -> None:
         """On the driver before workers start (``validate_config``): every demo file opens,
-        has the LIBERO layout, is of ``suite``, of ``tasks``, from training init states, and,
-        with ``image_size`` null, all frames have one size."""
+        has the LIBERO layout, is of ``suite``, of ``tasks``, from training init states, has
+        the env's action convention, and its frames have one size (``image_size`` null) or
+        that size (``resize_frames`` false)."""
         infos = self.selected_demos()
         if self.image_size is None and self.cameras:
             check_frame_sizes(infos)
-
-
-def resolve_demo_paths(paths: list[str]) -> list[Path]:
-    """Each path as given if it exists, else relative to the repo root; a clear error if not."""
-    out = []
-    for path in paths:
-        candidate = Path(path).expanduser()
-        if not candidate.exists() and (REPO_ROOT / path).exists():
-            candidate = REPO_ROOT / path
-        if not candidate.exists():
-            raise FileNotFoundError(
-                f"demonstration path {path!r} does not exist (looked in {Path.cwd()} and "
-                f"{REPO_ROOT}); set data.paths to demo files or folders (generate them with "
-                "`embodied-rl demos`)"
-            )
-        out.append(candidate)
-    return out
+        if self.image_size is not None and self.cameras and not self.resize_frames:
+            check_frame_size(infos, self.image_size)
+        check_action_convention(infos)
 
 
 def setup_demo_loader(ctx: NodeContext) -> None:
@@ -384,8 +391,8 @@ def setup_demo_loader(ctx: NodeContext) -> None:
         shuffle=cfg.shuffle,
         shift=cfg.random_shift,
     )
-    # Computed from all selected demos on every rank: the same statistics everywhere.
-    ctx.models[cfg.model].set_statistics(loader.statistics)
+    if cfg.statistics == "demos":  # from all selected demos on every rank: the same everywhere
+        ctx.models[cfg.model].set_statistics(loader.statistics)
     ctx.state[LOADER_STATE] = loader
 
 

@@ -232,6 +232,21 @@ def _check_model_names(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
 TASK_MANIFEST_TYPE = "data.tasks"
 
 
+def _check_statistics_source(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
+    """A ``data.demos`` node that keeps the checkpoint's statistics has a checkpoint to keep
+    them from (``init_from``, where check_init_from has found them set)."""
+    for node in dag.nodes:
+        if getattr(node.config, "statistics", None) != "checkpoint":
+            continue
+        model = node.config.model
+        if model in models and models[model].init_from is None:
+            raise ConfigError(
+                f"node {node.id!r}: statistics=checkpoint keeps the normalisation statistics "
+                f"of models.{model}.init_from, which is not set",
+                f"set models.{model}.init_from to the pretrained run, or data.statistics=demos",
+            )
+
+
 def _manifest_nodes(dag: DagSpec) -> list[Any]:
     return [node for node in dag.nodes if node.type.name == TASK_MANIFEST_TYPE]
 
@@ -293,6 +308,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
     dags.append(dag_from_config(plain, workers.num_workers))
     for dag in dags:
         _check_model_names(dag, models)
+        _check_statistics_source(dag, models)
     if len(dags) == 2:
         _check_evaluation_apart(evaluation_dag=dags[0], training_dag=dags[1])
     # data files, demo folders, id ranges: before anything is written

@@ -90,13 +90,14 @@ def input_overrides(name: str) -> tuple[str, ...]:
     LIBERO-90 corpus) and pretrain_vjepa_libero (demos are videos of successes to it), a
     folder of synthetic demo files of the config's suite (written once per process and
     config, removed at exit)."""
-    suites = {
-        "sft_libero": "libero_spatial",
-        "pretrain_vjepa_libero": "libero_spatial",
-        "pretrain_libero90": "libero_90",
+    made = {  # suite, frame size (pretrain_libero90 refuses frames it would have to resize)
+        "sft_libero": ("libero_spatial", 16),
+        "pretrain_vjepa_libero": ("libero_spatial", 16),
+        "pretrain_libero90": ("libero_90", 64),
     }
-    if name not in suites:
+    if name not in made:
         return ()
+    suite, size = made[name]
     folder = Path(tempfile.mkdtemp(prefix="synthetic_demos_"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return (f"data.paths=['{write_synthetic_demos(folder, suite=suites[name])}']",)
+    return (f"data.paths=['{write_synthetic_demos(folder, size=size, suite=suite)}']",)

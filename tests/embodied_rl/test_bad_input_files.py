@@ -85,6 +85,41 @@ def test_demo_frames_of_two_sizes_with_image_size_null_are_refused(tmp_path):
         validate_config(cfg)
 
 
+def test_a_corpus_of_another_frame_size_is_refused_by_pretraining(tmp_path, capsys):
+    """pretrain_libero90 trains on the frames the rollouts render (data.resize_frames false)."""
+    demos = write_synthetic_demos(tmp_path / "demos", size=16, suite="libero_90")
+    argv = train("pretrain_libero90", tmp_path, f"data.paths=['{demos}']")
+    line = refused(capsys, argv, "task_0_demo.hdf5", "16x16", "64x64", "--image-size 64")
+    assert "data.resize_frames=true" in line and not (tmp_path / "run").exists()
+    assert main(["validate", "--config-name", "sft_libero", f"data.paths=['{demos}']",
+                 "simulator.options.suite=libero_90", "simulator.num_tasks=90"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "convert, words",
+    [
+        (lambda a: a[:, 6:7].__setitem__(slice(None), (a[:, 6:7] + 1) / 2), ["[0.0, 1.0]", "-1 (open)"]),
+        (lambda a: a[:, :3].__imul__(5), ["reach 1.5", "[-1, 1]"]),
+    ],
+)  # fmt: skip
+def test_demos_of_another_action_convention_are_refused(tmp_path, capsys, convert, words):
+    demos = write_synthetic_demos(tmp_path / "demos", tasks=1)
+    with h5py.File(demos / "task_0_demo.hdf5", "a") as f:
+        actions = f["data/demo_1/actions"][()]
+        convert(actions)
+        f["data/demo_1/actions"][...] = actions
+    argv = train("sft_libero", tmp_path, f"data.paths=['{demos}']")
+    refused(capsys, argv, "task_0_demo.hdf5:demo_1", *words)
+
+
+def test_statistics_from_the_checkpoint_need_a_checkpoint(tmp_path, capsys):
+    demos = write_synthetic_demos(tmp_path / "demos")
+    argv = train("sft_libero", tmp_path, f"data.paths=['{demos}']", "data.statistics=checkpoint")
+    refused(
+        capsys, argv, "statistics=checkpoint", "models.actor.init_from", "data.statistics=demos"
+    )
+
+
 # ------------------------------------------------------------- item 6: init-state limits
 @pytest.mark.parametrize("config", ["srpo_libero", "srpo_reach"])
 def test_more_init_states_than_the_simulator_has_are_refused_at_validate(config, tmp_path, capsys):

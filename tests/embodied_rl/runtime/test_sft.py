@@ -149,6 +149,24 @@ def test_init_from_starts_rl_from_the_sft_policy(mlp_run, demos, name):
         assert not critic.normalizer.has_statistics
 
 
+def test_fine_tuning_keeps_the_checkpoints_statistics_when_asked(mlp_run, demos, tmp_path):
+    """One-demo SFT from a pretrained run with data.statistics=checkpoint keeps the action
+    space the run learned (the statistics of all its demos), not the one demo's."""
+    overrides = [*MLP, *COMMON, f"data.paths=['{demos}']", "data.max_demos_per_task=1"]
+    overrides += [f"models.actor.init_from={mlp_run.run_dir}", "data.statistics=checkpoint"]
+    overrides += ["trainer.total_steps=1", "trainer.checkpoint_every=1", f"run_dir={tmp_path}"]
+    launch(compose("sft_libero", overrides), show_progress=False)
+    tuned = ModelStore(_models(_rl("grpo_libero", tmp_path)), torch.device("cpu"))["actor"]
+    kept = tuned.normalizer.statistics()["action"]["q99"]
+
+    def statistics(max_demos):
+        loaded = [load_demo(i, cameras=()) for i in select_demos([str(demos)], max_demos, 5)]
+        return dataset_statistics([d.actions for d in loaded], [d.proprio for d in loaded])
+
+    assert kept == pytest.approx(statistics(None)["action"]["q99"])  # mlp_run's, all demos
+    assert kept != pytest.approx(statistics(1)["action"]["q99"])  # what statistics=demos sets
+
+
 def test_a_checkpoint_dir_and_runtime_options_are_accepted(mlp_run):
     step = mlp_run.run_dir / "checkpoints" / "step_000150"
     validate_config(_rl("srpo_libero", step, "+models.actor.options.seed=3"))
