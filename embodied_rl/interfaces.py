@@ -135,7 +135,10 @@ class PolicyBuilder(Protocol):
     filled in) that fixes what the weights mean (head, chunk, image size, conventions, ...),
     leaving out runtime-only ones (temperature, micro-batch size, seed). ``init_from``
     compares these between the checkpoint's run and the new run; without it, the whole
-    options mappings must be equal.
+    options mappings must be equal. It may also carry ``check_options(options, where)``,
+    called on the driver before any worker starts (``validate_config``): it raises
+    ``ConfigError`` for options that the files they name contradict (e.g. a ``path``
+    checkpoint trained with a head the options disable).
     """
 
     def __call__(self, options: Mapping[str, Any], device: torch.device) -> Any: ...

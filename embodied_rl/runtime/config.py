@@ -31,6 +31,7 @@ from embodied_rl.registry import (
     PLUGIN_MODULES,
     is_model_name,
     load_plugins,
+    model_builder,
     unknown_model_message,
 )
 from embodied_rl.runtime.config_compose import CONFIG_DIR, REPO_ROOT, compose
@@ -197,6 +198,9 @@ def _check_models(models: Any) -> dict[str, ModelSpec]:
             raise ConfigError(
                 f"{where}: {unknown_model_message(spec.policy)}", f"set {where}.policy"
             )
+        check_options = getattr(model_builder(spec.policy), "check_options", None)
+        if check_options is not None:  # e.g. a path checkpoint's files against the options
+            check_options(spec.options, where)
         specs[str(name)] = spec
     return specs
 

@@ -3,8 +3,9 @@
 Assumed published layout (``openvla/openvla-7b`` on the HF hub, written with transformers
 4.40 and timm 0.9; the OpenVLA-OFT fine-tunes, e.g. ``moojink/openvla-7b-oft-finetuned-*``
 and SimpleVLA-RL's OFT SFT models, use the same ``OpenVLAForActionPrediction`` names).
-These names were not checked against a downloaded checkpoint here (no network); a later
-session with one should compare ``safetensors`` keys with the list below.
+These names were read off the code that writes and reads the published files (OpenVLA's HF
+converter and modeling code, OpenVLA-OFT's training and evaluation scripts, vLLM's OpenVLA
+loader), not off a downloaded checkpoint (nothing is downloaded here).
 
 ``config.json``::
 
@@ -40,10 +41,10 @@ parameter ``gamma`` is published as ``scale_factor`` (Prismatic renamed it becau
 transformers rewrote parameters named ``gamma`` when loading); rotary ``inv_freq`` entries,
 if a checkpoint has them, are recomputed instead of loaded.
 
-Ours only, written by :func:`save_checkpoint` under these top-level names (the OpenVLA-OFT
-releases keep their action head / proprio projector in separate ``.pt`` pickles, which are
-not read): ``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``,
-``value_head.*``.
+Ours only, written by :func:`save_checkpoint` under these top-level names:
+``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``, ``value_head.*``.
+The OpenVLA-OFT releases keep their action head and proprio projector in separate ``.pt``
+files instead, read by ``policies/openvla_oft/published.py``.
 
 The policy's normalisation buffers (``normalizer.*``, see ``policies/normalization.py``) are
 not weights of the published layout: they are filled from the statistics when a checkpoint is
@@ -53,6 +54,7 @@ read, and :func:`save_checkpoint` writes them as ``dataset_statistics.json``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,6 +75,7 @@ from policies.folder_layout import (
 )
 from policies.openvla.configuration import VLAArchitecture
 
+logger = logging.getLogger(__name__)
 VLA_PREFIXES = ("vision_backbone.", "projector.", "language_model.")
 _LAYER_SCALE = ((".ls1.gamma", ".ls1.scale_factor"), (".ls2.gamma", ".ls2.scale_factor"))
 
@@ -194,6 +197,9 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def load_weights(policy: nn.Module, folder: Path) -> None:
     """Load a published checkpoint into ``policy`` (typically built on the meta device).
 
+    Besides the safetensors, the tensors of ``policy.published_extras(folder)`` (OpenVLA-OFT's
+    action head and proprio projector files) are loaded, and parameters no file holds take
+    ``policy.unpublished_defaults()`` (OFT's ``action_log_std``), with a warning that says so.
     Every parameter must be in the checkpoint and every checkpoint entry must be used; the
     error names both lists. The normalisation buffers are the exception: they come from the
     checkpoint's statistics (set when the policy was constructed), not from its weights. Tensors are assigned (no copy, no random init needed); the LM's
@@ -204,6 +210,17 @@ def load_weights(policy: nn.Module, folder: Path) -> None:
         ours = from_published_name(key)
         if ours is not None:
             mapped[ours] = value
+    extras = policy.published_extras(folder)  # e.g. OFT's action head file
+    both = sorted(set(extras) & set(mapped))
+    if both:
+        raise ValueError(f"{folder}: {_head(both)} are in its safetensors and in a side file")
+    mapped.update(extras)
+    for name, value in policy.unpublished_defaults().items():
+        if name not in mapped:
+            logger.warning(
+                "%s: %s is in no file of the checkpoint; starts at %s", folder, name, value.tolist()
+            )
+            mapped[name] = value
     expected = {k for k in policy.state_dict() if not is_statistics_buffer(k)}
     missing, unexpected = sorted(expected - set(mapped)), sorted(set(mapped) - expected)
     if missing or unexpected:

@@ -94,6 +94,15 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         stats = None if entry is None else {self.statistics_name: entry}
         return save_checkpoint(self, folder, self.vla.arch, stats, self.tokenizer)
 
+    def published_extras(self, folder: Path) -> dict[str, torch.Tensor]:
+        """Tensors a published checkpoint keeps outside its safetensors, under our names
+        (none for OpenVLA; OpenVLA-OFT's side files)."""
+        return {}
+
+    def unpublished_defaults(self) -> dict[str, torch.Tensor]:
+        """Parameters that no published file holds, with the values they start from."""
+        return {}
+
     def set_statistics(self, statistics: Mapping[str, Any]) -> None:
         """Set the normalisation statistics (a ``norm_stats`` entry, e.g. from demos)."""
         self.normalizer.set_statistics(statistics)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from policies.openvla.policy_base import VLAPolicyBase
 from policies.openvla.prismatic import PrismaticVLA
 from policies.openvla.sampling import categorical_scores, sample_action_index
 from policies.openvla_oft.configuration import OpenVLAOFTConfig
+from policies.openvla_oft.published import check_checkpoint_options, read_side_tensors
 
 
 class ProprioProjector(nn.Module):
@@ -133,7 +135,18 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
             self.action_head = ContinuousActionHead(ACTION_DIM * width, width, ACTION_DIM)
             self.action_log_std = nn.Parameter(torch.full((ACTION_DIM,), options.init_log_std))
             self.score_key = K.RAW_ACTIONS
+        self.init_log_std = options.init_log_std
         make_bidirectional(vla.language_model)
+
+    def published_extras(self, folder: Path) -> dict[str, torch.Tensor]:
+        """The L1 action head and proprio projector files of a published OFT model."""
+        return read_side_tensors(folder)
+
+    def unpublished_defaults(self) -> dict[str, torch.Tensor]:
+        """``action_log_std`` (OFT's L1 head is deterministic): ``init_log_std``."""
+        if self.action_log_std is None:
+            return {}
+        return {"action_log_std": torch.full((ACTION_DIM,), float(self.init_log_std))}
 
     def extra_prefix(self, states: torch.Tensor | None) -> torch.Tensor | None:
         """The proprio token (N, 1, D), or ``None`` without ``use_proprio``."""
@@ -293,5 +306,7 @@ def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) ->
     return OpenVLAOFTPolicy.from_config(config, torch.device(device))
 
 
-# What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
+# What an ``init_from`` checkpoint must agree on, and the driver's check of a ``path``
+# checkpoint's files against the options (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla_oft.architecture_options = OpenVLAOFTConfig.architecture_options
+build_openvla_oft.check_options = check_checkpoint_options
