@@ -28,6 +28,7 @@ Without statistics every map is the identity (apart from the gripper convention)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,8 @@ import torch
 from torch import nn
 
 GRIPPER_CONVENTIONS = ("none", "libero")
+NO_NOOPS = "_no_noops"  # suffix of the LIBERO datasets' statistics in OpenVLA / OFT checkpoints
+logger = logging.getLogger(__name__)
 _EPS = 1e-8  # OpenVLA's denominator guard for dimensions with q99 == q01
 
 
@@ -47,7 +50,8 @@ def select_statistics(
     Args:
         norm_stats: ``{dataset_name: entry}`` as in ``config.json``'s ``norm_stats`` or
             ``dataset_statistics.json``; ``None`` when the model has none.
-        unnorm_key: the dataset name; may be omitted when there is exactly one.
+        unnorm_key: the dataset name; may be omitted when there is exactly one. A suite name
+            (``libero_10``) falls back to its ``_no_noops`` entry, with a warning.
 
     Returns:
         ``(name, entry)``, or ``None`` when there are no statistics and no key was asked for.
@@ -66,6 +70,13 @@ def select_statistics(
                 f"of {sorted(norm_stats)}"
             )
         unnorm_key = next(iter(norm_stats))
+    if unnorm_key not in norm_stats and f"{unnorm_key}{NO_NOOPS}" in norm_stats:
+        # OFT's and OpenVLA's LIBERO statistics are named <suite>_no_noops (the demos with
+        # no-op actions filtered out); their evaluation scripts accept the suite name too.
+        logger.warning(
+            "unnorm_key %r: using the statistics of %r", unnorm_key, unnorm_key + NO_NOOPS
+        )
+        unnorm_key = f"{unnorm_key}{NO_NOOPS}"
     if unnorm_key not in norm_stats:
         raise ValueError(f"unnorm_key {unnorm_key!r} is not one of {sorted(norm_stats)}")
     return unnorm_key, norm_stats[unnorm_key]

@@ -21,7 +21,9 @@ loader), not off a downloaded checkpoint (nothing is downloaded here).
 
 ``text_config`` lists only what differs from ``LlamaConfig``'s defaults (which are Llama-2-7B's
 shape), exactly as the HF port builds its LM. OFT checkpoints add ``dataset_statistics.json``
-(same structure as ``norm_stats``; it wins where both name a dataset).
+(same structure as ``norm_stats``); where it exists its datasets replace ``norm_stats``, as
+OFT's evaluation loader does (``config.json`` then still lists the base model's pretraining
+datasets, which are not the fine-tune's).
 
 Weights (``model.safetensors`` or shards + ``model.safetensors.index.json``)::
 
@@ -110,8 +112,8 @@ class Checkpoint:
         folder: the directory.
         config: its ``config.json``.
         architecture: the model to build.
-        norm_stats: dataset statistics (``config.json`` ``norm_stats`` updated with
-            ``dataset_statistics.json``), or ``None``.
+        norm_stats: dataset statistics (``dataset_statistics.json``, else ``config.json``'s
+            ``norm_stats``), or ``None``.
     """
 
     folder: Path
@@ -131,8 +133,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         )
     config = json.loads(config_file.read_text())
     stats = dict(config.get("norm_stats") or {})
-    if (folder / STATISTICS_FILE).is_file():
-        stats.update(json.loads((folder / STATISTICS_FILE).read_text()))
+    if (folder / STATISTICS_FILE).is_file():  # replaces them, as OFT's loader does
+        stats = dict(json.loads((folder / STATISTICS_FILE).read_text()))
     return Checkpoint(folder, config, architecture_from_config(config), stats or None)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -130,3 +132,17 @@ def test_select_statistics() -> None:
         select_statistics(STATS, "bridge_orig")
     with pytest.raises(ValueError, match="no dataset statistics"):
         select_statistics(None, "bridge_orig")
+
+
+def test_a_suite_name_falls_back_to_its_no_noops_statistics(caplog) -> None:
+    """OFT's LIBERO checkpoints name their statistics libero_10_no_noops; the suite name works
+    and says which entry it used; an exact name is never replaced."""
+    stats = {"libero_10_no_noops": STATS["other"], "libero_goal": STATS["other"]}
+    with caplog.at_level(logging.WARNING):
+        assert select_statistics(stats, "libero_10")[0] == "libero_10_no_noops"
+    assert "using the statistics of 'libero_10_no_noops'" in caplog.text
+    both = {**stats, "libero_10": STATS["other"]}
+    assert select_statistics(both, "libero_10")[0] == "libero_10"
+    assert select_statistics(stats, "libero_goal")[0] == "libero_goal"
+    with pytest.raises(ValueError, match="'libero_spatial' is not one of"):
+        select_statistics(stats, "libero_spatial")

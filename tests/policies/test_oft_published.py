@@ -74,6 +74,9 @@ def folder(trained, tmp_path_factory):
     out = tmp_path_factory.mktemp("oft_published")
     vla_only = build_openvla_oft({"seed": 1, "chunk": CHUNK}, CPU)  # the same VLA weights
     save_checkpoint(vla_only, out, vla_only.vla.arch, STATS, vla_only.tokenizer, shard_size=40)
+    config = json.loads((out / "config.json").read_text())  # the base model's pretraining data
+    config["norm_stats"] = {"bridge_orig": {"action": {"q01": [-9.0] * 7, "q99": [9.0] * 7}}}
+    (out / "config.json").write_text(json.dumps(config))
     torch.save(published_head_state(trained), out / "action_head--150000_checkpoint.pt")
     proprio = {f"module.{k}": v.clone() for k, v in trained.proprio_projector.state_dict().items()}
     torch.save(proprio, out / "proprio_projector--150000_checkpoint.pt")
@@ -107,9 +110,14 @@ def reference_mean(hidden: torch.Tensor, head: dict[str, torch.Tensor]) -> torch
 
 
 def test_side_files_load_and_act_as_trained(trained, folder, caplog):
+    # dataset_statistics.json replaces config.json's norm_stats (one dataset: no unnorm_key
+    # needed), and the suite name finds its _no_noops entry
     options = {"preset": None, "path": str(folder), "use_continuous_head": True}
     with caplog.at_level(logging.WARNING):
         loaded = build_openvla_oft({**options, "use_proprio": True, "chunk": CHUNK}, CPU)
+        named = {**options, "use_proprio": True, "chunk": CHUNK, "unnorm_key": "libero_spatial"}
+        assert build_openvla_oft(named, CPU).statistics_name == "libero_spatial_no_noops"
+    assert loaded.statistics_name == "libero_spatial_no_noops"
     assert "action_log_std is in no file of the checkpoint; starts at [-2.0" in caplog.text
     assert torch.equal(loaded.action_log_std.detach(), torch.full((7,), -2.0))
     rng = np.random.default_rng(0)
