@@ -8,14 +8,14 @@ builds a tiny random model for tests. transformers is imported only when one is 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from embodied_rl.checks import check_fields, options_dataclass
+from embodied_rl.checks import check_range, options_dataclass
 from embodied_rl.registry import VIDEO_ENCODERS
 from policies.encoders.base import VideoEncoder
 from policies.encoders.clips import preprocess_clips, sample_clips
@@ -25,16 +25,26 @@ POOLINGS = ("mean", "end", "mean_and_end")
 
 @dataclass
 class VJepa2EncoderOptions:
-    """Options of ``video_encoder.vjepa2`` (defaults: the SRPO paper's ViT-g/384 setting).
+    """Options of ``video_encoder.vjepa2``; the clip's shape defaults to the model's own.
+
+    The published models (``facebook/vjepa2-*``, ``config.json`` values): ``vitl-fpc64-256``
+    (hidden 1024, 24 layers), ``vith-fpc64-256`` (1280, 32), ``vitg-fpc64-256`` and
+    ``vitg-fpc64-384`` (1408, 40; the SRPO paper's is the 384 one), all with patch 16, tubelet
+    2 and 64 frames per clip; the defaults give 64 frames, the model's crop and its resize.
 
     Attributes:
         path: local directory of a ``VJEPA2Model`` checkpoint (``config.json`` and safetensors,
             e.g. ``facebook/vjepa2-vitg-fpc64-384`` downloaded beforehand); nothing downloads.
         config: instead of ``path``, ``VJEPA2Config`` keyword arguments of a randomly
             initialised model (tiny presets for tests).
-        num_frames: frames sampled per episode (64); a multiple of the tubelet size.
-        resize_short: the short image side is resized to this (438 for a 384 crop).
-        crop_size: side of the centre crop (384); a multiple of the patch size.
+        num_frames: frames sampled per episode, a multiple of the tubelet size; ``None``: the
+            model's ``frames_per_clip`` (64 for every published V-JEPA 2). Another count is
+            allowed: the temporal positions are rotary, and SRPO samples whole episodes.
+        resize_short: the short image side is resized to this; ``None``: ``crop_size * 256 /
+            224`` rounded down (V-JEPA 2's evaluation resize: 438 for a 384 crop, 292 for 256).
+        crop_size: side of the centre crop; ``None``: the model's ``crop_size`` (256 or 384
+            for the published models), which is also the only value allowed: the spatial
+            positions and the patch grid were trained at it.
         seed: initialisation seed of a random ``config`` model.
         dtype: weights and input dtype (``float32``, ``bfloat16``, ``float16``).
         pooling: how the encoder's tokens become one vector: ``mean`` (all tokens, the SRPO
@@ -44,9 +54,9 @@ class VJepa2EncoderOptions:
 
     path: str | None = None
     config: dict[str, Any] | None = None
-    num_frames: int = 64
-    resize_short: int = 438
-    crop_size: int = 384
+    num_frames: int | None = None
+    resize_short: int | None = None
+    crop_size: int | None = None
     seed: int = 0
     dtype: str = "float32"
     pooling: str = "mean"
@@ -59,11 +69,22 @@ class VJepa2EncoderOptions:
             )
         if (self.path is None) == (self.config is None):
             raise ValueError("video_encoder.vjepa2 needs exactly one of 'path' or 'config'")
-        check_fields(self, ("num_frames", "crop_size"), 1)
-        if self.resize_short < self.crop_size:
+        for name in ("num_frames", "crop_size", "resize_short"):
+            check_range(name, getattr(self, name), 1, note=" or null (the model's own)")
+        if None not in (self.resize_short, self.crop_size) and self.resize_short < self.crop_size:
             raise ValueError(
                 f"resize_short ({self.resize_short}) must be >= crop_size ({self.crop_size})"
             )
+
+    def for_model(self, cfg: Any) -> VJepa2EncoderOptions:
+        """These options with the ``None`` ones taken from the model's config (see above)."""
+        crop = cfg.crop_size if self.crop_size is None else self.crop_size
+        return replace(
+            self,
+            num_frames=cfg.frames_per_clip if self.num_frames is None else self.num_frames,
+            crop_size=crop,
+            resize_short=crop * 256 // 224 if self.resize_short is None else self.resize_short,
+        )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
 
@@ -126,23 +147,21 @@ def _check_model_folder(folder: Path) -> None:
 
 
 def _check_options_fit(opts: VJepa2EncoderOptions, cfg: Any) -> None:
-    """The clip the encoder is fed must be the one the model was built for: its rotary
-    positions assume ``crop_size / patch_size`` patches a side, and a model pretrained on
-    ``frames_per_clip`` frames has never seen other clip lengths."""
+    """The frames the encoder is fed must fit the model: whole tubelets, and the crop it was
+    trained at (its spatial positions assume ``crop_size / patch_size`` patches a side)."""
     where = f"{opts.path}/config.json" if opts.path is not None else "options.config"
-    if opts.num_frames % cfg.tubelet_size or opts.crop_size % cfg.patch_size:
+    if opts.num_frames % cfg.tubelet_size:
         raise ValueError(
-            f"num_frames ({opts.num_frames}) must be a multiple of tubelet_size "
-            f"({cfg.tubelet_size}) and crop_size ({opts.crop_size}) of patch_size "
-            f"({cfg.patch_size})"
+            f"video_encoder.vjepa2: num_frames ({opts.num_frames}) must be a multiple of the "
+            f"model's tubelet_size ({cfg.tubelet_size}). Fix: set options.num_frames to one, "
+            f"or null ({cfg.frames_per_clip}, its frames_per_clip)"
         )
-    for option, key in (("num_frames", "frames_per_clip"), ("crop_size", "crop_size")):
-        if getattr(opts, option) != getattr(cfg, key):
-            raise ValueError(
-                f"video_encoder.vjepa2: options.{option} is {getattr(opts, option)} but the "
-                f"model's {key} is {getattr(cfg, key)} ({where}). Fix: set options.{option}: "
-                f"{getattr(cfg, key)}"
-            )
+    if opts.crop_size != cfg.crop_size:
+        raise ValueError(
+            f"video_encoder.vjepa2: options.crop_size is {opts.crop_size} but the model's "
+            f"crop_size is {cfg.crop_size} ({where}). Fix: set options.crop_size: "
+            f"{cfg.crop_size}, or null"
+        )
 
 
 @VIDEO_ENCODERS.register(VJepa2VideoEncoder.name)
@@ -163,6 +182,7 @@ def build_vjepa2_encoder(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)
             model = VJEPA2Model(VJEPA2Config(**opts.config)).to(dtype)
+    opts = opts.for_model(model.config)
     _check_options_fit(opts, model.config)
     encoder = VJepa2VideoEncoder(model, opts).to(device)
     encoder.eval().requires_grad_(False)

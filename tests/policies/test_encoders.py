@@ -19,6 +19,7 @@ from embodied_rl.nodes.encode import EncodeVideoConfig, encode_video_node
 from embodied_rl.registry import NODE_TYPES, VIDEO_ENCODERS
 from embodied_rl.runtime.context import MetricSink, NodeContext
 from policies.encoders import pool_tokens, preprocess_clips, sample_clips
+from policies.encoders.vjepa2 import VJepa2EncoderOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -200,13 +201,25 @@ def test_vjepa2_options_are_checked():
         build({**TINY_OPTIONS, "frames": 4}, CPU)
     with pytest.raises(ValueError, match="tubelet_size"):
         build({**TINY_OPTIONS, "num_frames": 3}, CPU)
-    with pytest.raises(
-        ValueError,
-        match=r"options.num_frames is 2 but the model's frames_per_clip is 4 \(options.config\). Fix: set options.num_frames: 4",
-    ):
-        build({**TINY_OPTIONS, "num_frames": 2}, CPU)
     with pytest.raises(ValueError, match="options.crop_size is 8 but the model's crop_size is 16"):
         build({**TINY_OPTIONS, "crop_size": 8, "resize_short": 8}, CPU)
+    with pytest.raises(ValueError, match=r"num_frames must be >= 1 or null"):
+        build({**TINY_OPTIONS, "num_frames": 0}, CPU)
+
+
+def test_vjepa2_clip_defaults_to_the_models_own():
+    """Frames, crop and resize come from the model's config (frames_per_clip, crop_size,
+    crop * 256 / 224); only the crop must match it, the frame count may differ."""
+    build = VIDEO_ENCODERS.get("video_encoder.vjepa2")
+    default = build({"config": TINY_VJEPA2}, CPU).options
+    assert (default.num_frames, default.crop_size, default.resize_short) == (4, 16, 18)
+    published = {**TINY_VJEPA2, "crop_size": 384, "patch_size": 16, "frames_per_clip": 64}
+    cfg = type("Cfg", (), published)  # the resize of the SRPO paper's ViT-g/384 input
+    resolved = VJepa2EncoderOptions(config=TINY_VJEPA2).for_model(cfg)
+    assert (resolved.num_frames, resolved.crop_size, resolved.resize_short) == (64, 384, 438)
+    longer = build({"config": TINY_VJEPA2, "num_frames": 8}, CPU)
+    frames, lengths = _random_frames(2, 9, seed=2), torch.tensor([9, 6])
+    assert longer.options.num_frames == 8 and longer.encode(frames, lengths).shape == (2, 32)
 
 
 def test_vjepa2_model_folders_are_checked(tiny_vjepa2, tmp_path: Path):
@@ -222,8 +235,8 @@ def test_vjepa2_model_folders_are_checked(tiny_vjepa2, tmp_path: Path):
     with pytest.raises(ValueError, match=r"holds no \*.safetensors weights"):
         build({**options, "path": str(tmp_path)}, CPU)
     tiny_vjepa2.model.save_pretrained(tmp_path, safe_serialization=True)
-    with pytest.raises(ValueError, match=rf"frames_per_clip is 4 \({tmp_path}/config.json\)"):
-        build({**options, "num_frames": 6, "path": str(tmp_path)}, CPU)
+    with pytest.raises(ValueError, match=rf"crop_size is 16 \({tmp_path}/config.json\)"):
+        build({**options, "crop_size": 8, "resize_short": 8, "path": str(tmp_path)}, CPU)
 
 
 def test_encode_video_node_micro_batches():
