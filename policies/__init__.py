@@ -6,6 +6,7 @@ import embodied_rl  # noqa: F401  (first: installs the torchvision fix transform
 # isort: split
 from policies import (
     causal_lm,  # noqa: F401  (registers "causal_lm")
+    commands,  # noqa: F401  (registers the CLI command "inspect")
     encoders,  # noqa: F401  (registers "video_encoder.cheap", "video_encoder.vjepa2")
     export,  # noqa: F401  (registers each policy's exporter: embodied-rl export)
     flow_vla,  # noqa: F401  (registers "flow_vla")

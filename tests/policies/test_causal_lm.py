@@ -319,3 +319,23 @@ def test_top_p_applies_to_the_restricted_distribution(digits_policy):
     finally:
         with torch.no_grad():
             embed.copy_(saved)
+
+
+def test_inspect_describes_a_causal_lm_folder(tmp_path, capsys):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from embodied_rl.cli import main
+
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    count = sum(p.numel() for p in model.parameters()) - model.lm_head.weight.numel() * int(
+        config.tie_word_embeddings
+    )
+    assert "Qwen2ForCausalLM (a Hugging Face causal LM)" in out and f"{count / 1e3:.2f} k" in out
+    assert "models.actor.policy=causal_lm models.actor.options.preset=null" in out

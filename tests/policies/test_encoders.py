@@ -291,3 +291,20 @@ def test_the_policies_plugin_registers_the_encoders():
         "rollout []",
         "policies ['video_encoder.cheap', 'video_encoder.vjepa2']",
     ], result.stdout
+
+
+def test_inspect_describes_a_vjepa2_folder_and_a_run_folder(tiny_vjepa2, tmp_path, capsys):
+    from embodied_rl.cli import main
+
+    tiny_vjepa2.model.save_pretrained(tmp_path / "vjepa", safe_serialization=True)
+    assert main(["inspect", str(tmp_path / "vjepa")]) == 0
+    out = capsys.readouterr().out
+    parameters = sum(p.numel() for p in tiny_vjepa2.model.parameters())
+    assert "V-JEPA 2 video model" in out and "1 layers, width 32" in out
+    assert "4 frames, crop 16, patch 8" in out and f"parameters  {parameters / 1e3:.2f} k" in out
+    assert f"models.video_encoder.options.path={tmp_path / 'vjepa'}" in out
+    shipped = ROOT / "assets" / "checkpoints" / "openvla_oft_libero_object_task0"
+    assert main(["inspect", str(shipped)]) == 0
+    out = capsys.readouterr().out
+    assert "a run of embodied-rl train (sft_libero)" in out and "step_000600" in out
+    assert out.strip().endswith(f"models.actor.init_from={shipped}")

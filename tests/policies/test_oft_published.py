@@ -176,3 +176,37 @@ def test_two_steps_of_one_side_file_are_refused(folder, tmp_path):
     )
     with pytest.raises(ConfigError, match="holds 2 action_head files"):
         check_checkpoint_options({"preset": None, "path": str(copy), "use_continuous_head": True})
+
+
+def test_inspect_says_what_the_published_folder_holds_and_how_to_use_it(folder, capsys):
+    from embodied_rl.cli import main
+
+    assert main(["inspect", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "OpenVLA-OFT checkpoint" in out
+    assert "L1 regression (action_head--150000_checkpoint.pt)" in out
+    assert "8-d (proprio_projector--150000_checkpoint.pt)" in out
+    assert "statistics       libero_spatial_no_noops" in out  # config.json's bridge_orig replaced
+    assert "lora_adapter/" in out and "acts on the agent camera alone" in out
+    overrides = out.strip().splitlines()[-1].split()
+    assert "models.actor.policy=openvla_oft" in overrides
+    assert "models.actor.options.use_continuous_head=true" in overrides
+    assert "models.actor.options.use_proprio=true" in overrides
+    # the printed overrides build the model they describe
+    options = dict(o.removeprefix("models.actor.options.").split("=") for o in overrides[1:])
+    flags = {k: {"true": True, "false": False, "null": None}.get(v, v) for k, v in options.items()}
+    check_checkpoint_options(flags)
+    loaded = build_openvla_oft({**flags, "chunk": CHUNK}, CPU)
+    assert loaded.action_head is not None and loaded.proprio_projector is not None
+
+
+def test_inspect_refuses_what_it_cannot_load(tmp_path, capsys):
+    from embodied_rl.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "resnet"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "model_type 'resnet', which no policy or encoder here loads" in err and "Fix:" in err
+    assert main(["inspect", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
