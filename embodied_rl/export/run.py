@@ -27,6 +27,7 @@ from embodied_rl.runtime.config import load_all_plugins
 from embodied_rl.runtime.config_compose import one_line
 from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.init_from import RUN_CONFIG, InitFromError, InitSource, load_init_state
+from embodied_rl.runtime.path_guard import check_apart
 
 CRITIC_FOLDER = "critic"
 
@@ -121,7 +122,9 @@ def _checkpoint(run_dir: Path, step: int | None) -> Path:
 
 
 def _check_out(out: Path, run_dir: Path, force: bool) -> None:
-    """``out`` must be new or empty, or ``force`` given; never the run or a folder holding it."""
+    """``out`` must be apart from the run (``path_guard``: not it, not inside it, not holding
+    it), new or empty unless ``force``, and ``force`` never empties the working directory."""
+    check_apart("export --out", out, {"the run folder": run_dir}, "choose a folder of its own")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"export: --out {out} is a file", "choose a folder path for --out")
     if not out.exists() or not any(out.iterdir()):
@@ -131,12 +134,11 @@ def _check_out(out: Path, run_dir: Path, force: bool) -> None:
             f"export: --out {out} is not empty",
             "choose a new or empty folder, or add --force to replace its contents",
         )
-    for kept in (run_dir, Path.cwd()):
-        if kept == out or out in kept.parents:
-            raise ConfigError(
-                f"export: --out {out} holds {kept}, which --force would delete",
-                "choose a folder of its own for the export",
-            )
+    if out == Path.cwd().resolve() or out in Path.cwd().resolve().parents:
+        raise ConfigError(
+            f"export: --out {out} holds the working directory, which --force would delete",
+            "choose a folder of its own for the export",
+        )
 
 
 def _model_name(models: Mapping[str, Any], role: str, run_dir: Path) -> str:

@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from embodied_rl.launch.drive import run_workers
 from embodied_rl.launch.outcome import RunInterrupted, RunResult
 from embodied_rl.runtime.config import validate_config
+from embodied_rl.runtime.config_compose import REPO_ROOT
 from embodied_rl.runtime.config_errors import ConfigError
+from embodied_rl.runtime.path_guard import check_apart, config_inputs
 from embodied_rl.runtime.run_folder import (
     check_eval_source,
     eval_output_folder,
@@ -25,6 +27,11 @@ from embodied_rl.runtime.run_folder import (
 )
 from embodied_rl.trackers.base import FAILED, FINISHED, KILLED
 from embodied_rl.trackers.feed import open_trackers
+
+APART_FIX = (
+    "choose a run_dir apart from the inputs (unset, it is outputs/<name>/<time>), or move the "
+    "input out of the run folder"
+)
 
 
 def resolve_run_dir(cfg: DictConfig, mode: str = "train") -> Path:
@@ -75,11 +82,14 @@ def launch(
     """
     validate_config(cfg, mode)
     run_dir = resolve_run_dir(cfg, mode)
+    inputs = config_inputs(OmegaConf.to_container(cfg, resolve=True), REPO_ROOT)
     if mode == "eval":
         check_eval_source(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
         run_dir = eval_output_folder(cfg, run_dir)  # the eval writes only here
+        check_apart("the evaluation's folder", run_dir, inputs, APART_FIX)
     else:
+        check_apart("run_dir", run_dir, inputs, APART_FIX)
         prepare_train_folder(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
     run_dir.mkdir(parents=True, exist_ok=True)

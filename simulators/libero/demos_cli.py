@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from embodied_rl.data.demos import content_digest
 from embodied_rl.runtime.config import ConfigError
+from embodied_rl.runtime.path_guard import check_apart
 from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
 from simulators.libero.goals import Step, UnsupportedGoalError, goal_steps, parse_goal
 from simulators.libero.planner_config import PlannerConfig
@@ -262,6 +263,8 @@ def demos_command(
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1", "use 1, or the cores to use")
     infos = suite_tasks(suite)
+    task_files = Path(infos[0].bddl_path).resolve().parents[1]  # LIBERO's bddl_files/
+    check_apart("demos --out", out, {"LIBERO's task files": task_files}, "choose another --out")
     task_ids = _resolve(tasks, len(infos))
     check_request(infos, task_ids, [] if init_states is None else list(init_states), out)
     selected = [infos[t] for t in task_ids]

@@ -120,6 +120,18 @@ def test_statistics_from_the_checkpoint_need_a_checkpoint(tmp_path, capsys):
     )
 
 
+def test_a_run_folder_inside_or_holding_an_input_is_refused(tmp_path, capsys):
+    """One path guard for every writer: a run_dir inside the demos it reads, or holding
+    them (overwrite=true would delete them), is refused before anything is written."""
+    demos = write_synthetic_demos(tmp_path / "demos")
+    files = sorted(p.name for p in demos.iterdir())
+    inside = ["train", "--config-name", "sft_libero", f"data.paths=['{demos}']"]
+    refused(capsys, [*inside, f"run_dir={demos / 'run'}"], "lies inside data.paths", str(demos))
+    holding = [*inside, f"run_dir={tmp_path}", "overwrite=true"]
+    refused(capsys, holding, f"run_dir {tmp_path} contains data.paths {demos}")
+    assert sorted(p.name for p in demos.iterdir()) == files and not (demos / "run").exists()
+
+
 # ------------------------------------------------------------- item 6: init-state limits
 @pytest.mark.parametrize("config", ["srpo_libero", "srpo_reach"])
 def test_more_init_states_than_the_simulator_has_are_refused_at_validate(config, tmp_path, capsys):
@@ -286,3 +298,17 @@ def test_out_of_range_simulator_and_rollout_settings_are_refused_at_validate(
     refused(capsys, ["validate", "--config-name", config, override], *words)
     refused(capsys, train(config, tmp_path, override), *words)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.libero
+@pytest.mark.skipif(importlib.util.find_spec("libero") is None, reason="LIBERO is not installed")
+def test_demos_command_refuses_an_out_inside_liberos_task_files(capsys):
+    from pathlib import Path
+
+    from simulators.libero.demos import suite_tasks
+
+    task_files = Path(suite_tasks("libero_object")[0].bddl_path).resolve().parents[1]
+    out = task_files / "libero_object" / "demos"
+    argv = ["demos", "--suite", "libero_object", "--tasks", "0", "--out", str(out)]
+    refused(capsys, argv, "lies inside LIBERO's task files", "Fix: choose another --out")
+    assert not out.exists()

@@ -226,5 +226,16 @@ def test_a_non_empty_out_needs_force_which_replaces_it(mlp_run, tmp_path, capsys
         "model.safetensors",
     ]
     code, err = _export(capsys, mlp_run, "--out", tmp_path, "--force")  # holds the run
-    assert code == 2 and "which --force would delete" in err
+    assert code == 2 and f"export --out {tmp_path} contains the run folder {mlp_run}" in err
     assert mlp_run.is_dir()
+
+
+@pytest.mark.parametrize("where", ["checkpoints", ".", "exported"])
+def test_an_out_inside_the_run_is_refused_and_nothing_is_deleted(mlp_run, capsys, where):
+    """``export RUN --out RUN/checkpoints --force`` deleted the checkpoint it exported."""
+    before = sorted(str(p.relative_to(mlp_run)) for p in mlp_run.rglob("*"))
+    code, err = _export(capsys, mlp_run, "--out", mlp_run / where, "--force")
+    how = "is" if where == "." else "lies inside"
+    assert code == 2 and f"{how} the run folder {mlp_run}, which the command reads" in err
+    assert err.count("\n") == 1 and "Fix: choose a folder of its own" in err
+    assert sorted(str(p.relative_to(mlp_run)) for p in mlp_run.rglob("*")) == before
