@@ -114,6 +114,9 @@ class ReachConfig:
 
     def __post_init__(self) -> None:
         check_range("reach num_tasks", self.num_tasks, 1, len(COLOURS))
+        check_range("reach seed", self.seed, 0)
+        for name in ("debug_hang_at_step", "debug_raise_at_step", "debug_hang_s"):
+            check_range(f"reach {name}", getattr(self, name), 0, note=" (0: off)")
         for name in ("num_init_states", "max_steps", "frame_skip"):
             check_range(f"reach {name}", getattr(self, name), 1)
         for name in ("image_size", "render_size"):

@@ -102,6 +102,7 @@ class ActorTrainConfig:
             )
         check_fields(self, ("ppo_epochs", "num_mini_batches", "micro_batch_size"), 1)
         check_range("temperature", self.temperature, 0, low_open=True)
+        check_range("kl_coef", self.kl_coef, 0, note=" (0: no KL term)")
 
     def clip_spec(self) -> ClipSpec:
         """The clipped objective these options select."""

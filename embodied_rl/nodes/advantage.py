@@ -54,6 +54,9 @@ class GrpoConfig:
     norm_by_std: bool = True
     eps: float = 1e-6
 
+    def __post_init__(self) -> None:
+        check_range("eps", self.eps, 0, low_open=True)
+
 
 def _gather_rewards_and_groups(
     ctx: NodeContext, batch: TensorDict
@@ -135,6 +138,7 @@ class ReinforcePPConfig:
 
     def __post_init__(self) -> None:
         check_range("gamma", self.gamma, 0, 1)
+        check_range("eps", self.eps, 0, low_open=True)
 
 
 def _reinforce_pp_reads(cfg: ReinforcePPConfig) -> tuple[str, ...]:
@@ -189,6 +193,7 @@ class GaeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, ("gamma", "lam"), 0, 1)
+        check_range("eps", self.eps, 0, low_open=True)
         if self.reward_source not in REWARD_SOURCES:
             raise ValueError(
                 f"reward_source must be one of {REWARD_SOURCES}, got {self.reward_source!r}"
@@ -264,6 +269,7 @@ class MarftAdvantageConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
+        check_range("eps", self.eps, 0, low_open=True)
         if len(self.agents) < 2 or len(set(self.agents)) != len(self.agents):
             raise ValueError(
                 f"advantage.marft needs two or more distinct agents in acting order, got "

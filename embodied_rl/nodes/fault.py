@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.runtime.context import NodeContext
 
@@ -64,6 +65,10 @@ class FaultConfig:
     value: float | str = "nan"
 
     def __post_init__(self) -> None:
+        check_range("rank", self.rank, 0)
+        check_range("step", self.step, -1, note=" (-1: off)")
+        check_range("hang_s", self.hang_s, 0)
+        check_range("until_step", self.until_step, 0, note=" or null")
         if self.mode not in FAULT_MODES:
             raise ValueError(f"mode must be one of {FAULT_MODES}, got {self.mode!r}")
         if self.key not in K.ALL_KEYS:

@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.runtime.context import NodeContext
 from embodied_rl.runtime.fsdp import chunked_forward
@@ -25,6 +26,8 @@ class RefLogprobConfig:
 
     def __post_init__(self) -> None:
         evaluate_keys(self.inputs)
+        check_range("temperature", self.temperature, 0, low_open=True)
+        check_range("micro_batch_size", self.micro_batch_size, 1)
 
 
 @register_node(

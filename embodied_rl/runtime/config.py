@@ -139,7 +139,10 @@ def _check_top_level(plain: Mapping[Any, Any]) -> RunOptions:
     problems = dataclass_problems(RunOptions, scalars, "the config")
     if problems:
         raise ConfigError(*problems[0])
-    options = RunOptions(**scalars)
+    try:
+        options = RunOptions(**scalars)
+    except ValueError as err:
+        raise ConfigError(str(err), "set it at the top level of the config") from None
     from embodied_rl.devices import DEVICE_TYPES, device_spec
 
     try:

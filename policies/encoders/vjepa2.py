@@ -69,6 +69,7 @@ class VJepa2EncoderOptions:
             )
         if (self.path is None) == (self.config is None):
             raise ValueError("video_encoder.vjepa2 needs exactly one of 'path' or 'config'")
+        check_range("seed", self.seed, 0)
         for name in ("num_frames", "crop_size", "resize_short"):
             check_range(name, getattr(self, name), 1, note=" or null (the model's own)")
         if None not in (self.resize_short, self.crop_size) and self.resize_short < self.crop_size:

@@ -57,6 +57,8 @@ class FlowVLAConfig(PolicyOptions):
     RUNTIME_OPTIONS = frozenset({"seed", "denoise_steps", "noise_level"})
 
     def __post_init__(self) -> None:
+        check_range("flow_vla seed", self.seed, 0)
+        check_range("flow_vla state_dim", self.state_dim, 0, note=" (0: none)")
         if self.state_dim <= 0 and self.image_size <= 0:
             raise ValueError("flow_vla needs an input: set state_dim > 0 or image_size > 0")
         if self.image_size % 8:

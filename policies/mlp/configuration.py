@@ -56,6 +56,7 @@ class MLPPolicyConfig(PolicyOptions):
     RUNTIME_OPTIONS = frozenset({"seed", "init_log_std"})
 
     def __post_init__(self) -> None:
+        check_range("mlp seed", self.seed, 0)
         if self.head not in HEADS:
             raise ValueError(f"mlp head must be one of {HEADS}, got {self.head!r}")
         if self.state_dim <= 0 and self.image_size <= 0:

@@ -184,6 +184,7 @@ class VLAOptions(PolicyOptions):
             )
         check_range(f"{name} temperature", self.temperature, 0, low_open=True)
         check_range(f"{name} micro_batch_size", self.micro_batch_size, 1)
+        check_range(f"{name} seed", self.seed, 0)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -60,6 +60,7 @@ class VJepa2WorldModelOptions:
             raise ValueError(f"{NAME} needs exactly one of 'config' (a new model) or 'path'")
         check_fields(self, ("num_frames", "crop_size"), 1)
         check_range("resize_short", self.resize_short, self.crop_size)
+        check_range("seed", self.seed, 0)
 
 
 class VJepa2WorldModel(nn.Module):

@@ -133,6 +133,7 @@ class LiberoConfig:
     max_cached_tasks: int = 1
 
     def __post_init__(self) -> None:
+        check_range("libero seed", self.seed, 0)
         cameras = [self.cameras] if isinstance(self.cameras, str) else list(self.cameras)
         self.cameras = tuple(str(camera) for camera in cameras)
         unknown = sorted(set(self.cameras) - set(CAMERAS))

@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
+from embodied_rl.checks import check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.runtime.context import NodeContext
 
@@ -28,6 +29,7 @@ class OverlongConfig:
     penalty_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        check_range("penalty_factor", self.penalty_factor, 0)
         if not 0 < self.buffer_length <= self.max_length:
             raise ValueError(
                 f"need 0 < buffer_length <= max_length, got {self.buffer_length} and {self.max_length}"
