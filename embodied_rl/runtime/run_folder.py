@@ -158,6 +158,41 @@ def _check_resumable(cfg: DictConfig, run_dir: Path) -> None:
             "point run_dir at a run with checkpoints",
         )
     check_world_size(cfg, run_dir)
+    check_same_batches(cfg, run_dir)
+
+
+def _node_batch_sizes(plain: Mapping[str, Any]) -> dict[str, Any]:
+    """``{node id: its config's batch_size}`` of the training DAG's nodes that have one."""
+    nodes = (plain.get("dag") or {}).get("nodes") or []
+    return {
+        node["id"]: node["config"]["batch_size"]
+        for node in nodes
+        if isinstance(node.get("config"), Mapping) and "batch_size" in node["config"]
+    }
+
+
+def check_same_batches(cfg: DictConfig, run_dir: Path) -> None:
+    """``resume=true`` with the batch sizes the run was trained with: the checkpoint's loader
+    positions count batches of that size (the worker would refuse them only after the run's
+    config had been rewritten).
+
+    Raises:
+        ConfigError: naming the node, both sizes and the saved config.
+    """
+    path = run_dir / SAVED_CONFIG
+    if not path.is_file():
+        return
+    saved = _node_batch_sizes(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    current = _node_batch_sizes(OmegaConf.to_container(cfg, resolve=True))
+    for node, size in current.items():
+        if node in saved and saved[node] != size:
+            raise ConfigError(
+                f"resume=true: node {node!r} has batch_size {size}, but the run in {run_dir} "
+                f"was trained with {saved[node]} ({path}); its checkpoint's data position counts "
+                f"batches of {saved[node]}",
+                f"resume with batch size {saved[node]} (data.batch_size in the shipped configs), "
+                "or start a new run",
+            )
 
 
 def _check_replaceable(cfg: DictConfig, run_dir: Path, overwrite: bool) -> None:

@@ -115,6 +115,12 @@ def test_resuming_a_run_of_another_config_is_refused_naming_both(reach_run, caps
         f"run_dir={reach_run}",
     )  # fmt: skip
     assert "written by 1 worker(s)" in line and "workers.num_workers=1" in line
+    # Another batch size rewrote the finished run's config.yaml, then failed in a worker.
+    line = _refused(
+        capsys, "train", "-c", "srpo_reach", *REACH, "data.batch_size=4", "resume=true",
+        f"run_dir={reach_run}",
+    )  # fmt: skip
+    assert "node 'tasks' has batch_size 4" in line and "trained with 2" in line
     assert _files(reach_run) == before
 
 
