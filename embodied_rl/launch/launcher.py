@@ -21,6 +21,7 @@ from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.path_guard import check_apart, config_inputs
 from embodied_rl.runtime.run_folder import (
     check_eval_source,
+    create_run_folder,
     eval_output_folder,
     prepare_train_folder,
     record_command,
@@ -92,7 +93,7 @@ def launch(
         check_apart("run_dir", run_dir, inputs, APART_FIX)
         prepare_train_folder(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    create_run_folder(run_dir)
     _clear_status_files(run_dir)
     config_file = run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml")
     OmegaConf.save(cfg, config_file, resolve=True)

@@ -277,6 +277,27 @@ def eval_output_folder(cfg: DictConfig, run_dir: Path) -> Path:
     return run_dir / f"{name}_{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
 
 
+def create_run_folder(run_dir: Path) -> None:
+    """Create ``run_dir`` (and its parents), or refuse in one line: below a file, on a
+    read-only or full file system, without permission.
+
+    Raises:
+        ConfigError: naming the folder, the system's reason and the fix.
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"")  # a folder that exists but cannot be written to fails here
+        probe.unlink()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(run_dir) else ""
+        raise ConfigError(
+            f"cannot create or write the run folder {run_dir}: {reason}{where}",
+            "set run_dir (or output_root) to a writable folder",
+        ) from None
+
+
 def record_command(run_dir: Path, command: str) -> None:
     """Append the command line that started this attempt to ``<run_dir>/command.txt``.
 

@@ -312,3 +312,13 @@ def test_demos_command_refuses_an_out_inside_liberos_task_files(capsys):
     argv = ["demos", "--suite", "libero_object", "--tasks", "0", "--out", str(out)]
     refused(capsys, argv, "lies inside LIBERO's task files", "Fix: choose another --out")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["below_a_file", "virtual"])
+def test_a_run_folder_that_cannot_be_created_is_one_line(tmp_path, capsys, where):
+    """It was a traceback (below a file) or a bare [Errno 2] (/proc)."""
+    (tmp_path / "file").write_text("x")
+    run_dir = tmp_path / "file" / "run" if where == "below_a_file" else "/proc/embodied_rl_run"
+    argv = ["train", "--config-name", "srpo_reach", f"run_dir={run_dir}"]
+    line = refused(capsys, argv, f"cannot create or write the run folder {run_dir}")
+    assert "Fix: set run_dir (or output_root) to a writable folder" in line
