@@ -17,6 +17,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from embodied_rl._startup import is_console_script, restore_default_interrupts
 from embodied_rl.dag.node_type import NodeConfigError
 from embodied_rl.dag.spec import DagValidationError
 from embodied_rl.registry import COMMAND_PLUGINS, COMMANDS, UnknownNameError, load_plugins
@@ -113,7 +114,17 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # outside a run (a run's own Ctrl-C is RunFailed, exit 130)
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    if is_console_script():
+        restore_default_interrupts()  # from here: KeyboardInterrupt, caught in main
     for name, value in RAY_CONSOLE_ENV.items():
         os.environ.setdefault(name, value)
     try:

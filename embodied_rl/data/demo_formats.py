@@ -15,12 +15,14 @@ from pathlib import Path
 
 from embodied_rl.data.demos import (
     Demo,
+    DemoFormatError,
     DemoInfo,
     find_demo_files,
     load_hdf5_demo,
     scan_demo_file,
 )
 from embodied_rl.data.lerobot import (
+    INFO_FILE,
     LeRobotFeatures,
     is_lerobot_dataset,
     load_lerobot_demo,
@@ -39,8 +41,23 @@ def scan_demos(paths: Sequence[str], lerobot: LeRobotFeatures | None = None) -> 
         if is_lerobot_dataset(path):
             infos += scan_lerobot_dataset(path, lerobot or LeRobotFeatures())
         else:
+            check_not_a_broken_lerobot_dataset(Path(path))
             infos += [info for file in find_demo_files([path]) for info in scan_demo_file(file)]
     return infos
+
+
+def check_not_a_broken_lerobot_dataset(path: Path) -> None:
+    """A folder with LeRobot's ``data/`` or ``meta/`` but no ``meta/info.json`` is a LeRobot
+    dataset copied without its metadata: say so, rather than that it holds no HDF5 files."""
+    if not path.is_dir() or any(path.glob("*.hdf5")):
+        return
+    if (path / "meta").is_dir() or any((path / "data").glob("**/*.parquet")):
+        raise DemoFormatError(
+            f"{path} looks like a LeRobot dataset (it has {'meta/' if (path / 'meta').is_dir() else 'data/*.parquet'}) "
+            f"but has no {INFO_FILE}, which says its version, features and files. Fix: copy "
+            "the whole dataset (meta/ with info.json, data/, videos/), or point data.paths at "
+            "a folder of LIBERO *.hdf5 demo files"
+        )
 
 
 def load_demo(info: DemoInfo, cameras: Sequence[str] = ("agentview",)) -> Demo:

@@ -262,6 +262,11 @@ def demos_command(
         raise ConfigError(f"--image-size {image_size} must be >= 1", "use e.g. 128 or 64")
     if processes < 1:
         raise ConfigError(f"--processes {processes} must be >= 1", "use 1, or the cores to use")
+    if init_states is not None and not init_states and not report:
+        raise ConfigError(
+            "--init-states is given no ids and --report is not set: nothing would run",
+            "give init-state ids (e.g. --init-states 0 1 2) or 'all', or add --report",
+        )
     infos = suite_tasks(suite)
     task_files = Path(infos[0].bddl_path).resolve().parents[1]  # LIBERO's bddl_files/
     check_apart("demos --out", out, {"LIBERO's task files": task_files}, "choose another --out")

@@ -131,6 +131,11 @@ def test_tf_same_padding_is_more_confident_than_symmetric(model, photos):
     with torch.no_grad():
         same, sym = model(x), symmetric.eval()(x)
     for i, classes in enumerate((CAT_CLASSES, COFFEE_CLASSES)):
+        top = same[i].argmax().item()
+        print(
+            f"class {top}: SAME {same[i].softmax(-1)[top]:.3f}, symmetric "
+            f"{sym[i].softmax(-1)[top]:.3f}"
+        )
         assert _class_log_prob(same[i], classes) > _class_log_prob(sym[i], classes)
 
 

@@ -750,6 +750,7 @@ def test_written_demo_reads_back_and_replays_to_success(env, tmp_path):
         ),
         (["--image-size", "0"], "--image-size 0 must be >= 1"),
         (["--processes", "0"], "--processes 0 must be >= 1"),
+        (["--tasks", "0", "--init-states"], "given no ids and --report is not set: nothing"),
     ],
 )
 def test_bad_demo_requests_are_refused(tmp_path, capsys, args, message):

@@ -228,3 +228,18 @@ def test_the_same_demos_as_hdf5_and_as_lerobot_give_the_same_batches(tmp_path, d
         assert torch.equal(batch_l[key], batch_h[key]), key
     assert batch_l[K.PROMPT_TEXT] == batch_h[K.PROMPT_TEXT]
     assert (batch_h[K.INIT_STATE_ID] >= 0).all() and (batch_l[K.INIT_STATE_ID] == -1).all()
+
+
+def test_a_dataset_copied_without_its_metadata_is_named_as_such(tmp_path):
+    """It was reported as a folder with no *.hdf5 demonstration files."""
+    from embodied_rl.data.demo_formats import scan_demos
+
+    root = write_v21(tmp_path / "ds", _episodes()[:1], image_dtype="image")
+    (root / "meta/info.json").unlink()
+    with pytest.raises(DemoFormatError, match=r"looks like a LeRobot dataset .* no meta/info.json"):
+        scan_demos([str(root)])
+    import shutil
+
+    shutil.rmtree(root / "meta")  # data/*.parquet alone says it too
+    with pytest.raises(DemoFormatError, match=r"it has data/\*.parquet\) but has no meta/info"):
+        scan_demos([str(root)])

@@ -1,0 +1,41 @@
+"""Ctrl-C or SIGTERM while the ``embodied-rl`` command is still importing: one line, not a
+traceback of the import that was running.
+
+``embodied_rl/__init__.py`` installs :func:`quiet_interrupts_while_starting` first thing when
+the process is the console script (``sys.argv[0]`` is ``embodied-rl``; never when the package
+is imported as a library, in tests or in Ray workers); the CLI's ``main`` calls
+:func:`restore_default_interrupts` once its parser is built, from where its own handling
+applies (``KeyboardInterrupt`` -> exit 130; a run's signals in ``launch``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+CONSOLE_SCRIPT = "embodied-rl"
+
+
+def is_console_script() -> bool:
+    """Whether this process is the ``embodied-rl`` console script."""
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT
+
+
+def _exit_while_starting(signum: int, frame: FrameType | None) -> None:
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    os.write(2, f"error: interrupted ({name}) while starting; nothing was run\n".encode())
+    os._exit(128 + signum)  # 130 / 143, as a shell reports a process ended by the signal
+
+
+def quiet_interrupts_while_starting() -> None:
+    """SIGINT / SIGTERM end the process at once with one line (nothing has started yet)."""
+    signal.signal(signal.SIGINT, _exit_while_starting)
+    signal.signal(signal.SIGTERM, _exit_while_starting)
+
+
+def restore_default_interrupts() -> None:
+    """Python's own handlers again: Ctrl-C raises KeyboardInterrupt, SIGTERM ends the process."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
