@@ -392,8 +392,13 @@ CASES = [
     ),
     pytest.param(
         f"export {{tmp}}/{RUN} --out {{tmp}} --force",
-        "which --force would delete",
+        "contains the run folder",
         id="export-force-over-the-run",
+    ),
+    pytest.param(
+        f"export {{tmp}}/{RUN} --out {{tmp}}/{RUN}/checkpoints --force",
+        "lies inside the run folder",
+        id="export-force-into-the-run",
     ),
     # ------------------------------------------------------------------------------ demos
     pytest.param(

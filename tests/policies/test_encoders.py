@@ -289,7 +289,7 @@ def test_the_policies_plugin_registers_the_encoders():
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.splitlines() == [
         "rollout []",
-        "policies ['video_encoder.cheap', 'video_encoder.vjepa2']",
+        "policies ['video_encoder.cheap', 'video_encoder.efficientnet_lite0', 'video_encoder.vjepa2']",
     ], result.stdout
 
 
