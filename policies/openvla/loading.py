@@ -43,7 +43,12 @@ parameter ``gamma`` is published as ``scale_factor`` (Prismatic renamed it becau
 transformers rewrote parameters named ``gamma`` when loading); rotary ``inv_freq`` entries,
 if a checkpoint has them, are recomputed instead of loaded.
 
-Ours only, written by :func:`save_checkpoint` under these top-level names:
+Ours only: a ``config.json`` with ``"vision_backbone": "efficientnet_lite0"`` (and
+``use_fused_vision_backbone: false``, no ``timm_model_ids``) is the ``tiny_libero_effnet``
+preset's single EfficientNet-Lite0 tower, weights ``vision_backbone.{_conv_stem, _bn0,
+_blocks.{i}}.*`` (``policies/openvla/efficientnet_tower.py``); a config without the key is the
+published fused backbone. Also ours, written by :func:`save_checkpoint` under these top-level
+names:
 ``proprio_projector.{fc1, fc2}.*``, ``action_head.*``, ``action_log_std``, ``value_head.*``.
 The OpenVLA-OFT releases keep their action head and proprio projector in separate ``.pt``
 files instead, read by ``policies/openvla_oft/published.py``.
@@ -75,7 +80,7 @@ from policies.folder_layout import (
     WEIGHTS_FILE,
     is_statistics_buffer,
 )
-from policies.openvla.configuration import VLAArchitecture
+from policies.openvla.configuration import FUSED_VIT, VLAArchitecture
 
 logger = logging.getLogger(__name__)
 VLA_PREFIXES = ("vision_backbone.", "projector.", "language_model.")
@@ -140,7 +145,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 def architecture_from_config(config: Mapping[str, Any]) -> VLAArchitecture:
     """The architecture a published ``config.json`` describes."""
-    if not config.get("use_fused_vision_backbone", False):
+    backbone = config.get("vision_backbone", FUSED_VIT)  # published configs have none
+    if backbone == FUSED_VIT and not config.get("use_fused_vision_backbone", False):
         raise ValueError(
             "only fused DINOv2 + SigLIP checkpoints (use_fused_vision_backbone: true, as "
             "OpenVLA and OpenVLA-OFT) are supported"
@@ -156,6 +162,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> VLAArchitecture:
         timm_override_act_layers=tuple(config.get("timm_override_act_layers") or (None, None)),
         pad_to_multiple_of=int(config.get("pad_to_multiple_of", 64)),
         n_action_bins=int(config.get("n_action_bins", 256)),
+        vision_backbone=backbone,
     )
 
 
@@ -165,11 +172,14 @@ _CONFIG_METADATA = frozenset(
 
 
 def architecture_to_config(arch: VLAArchitecture) -> dict[str, Any]:
-    """The published ``config.json`` fields describing ``arch``."""
+    """The published ``config.json`` fields describing ``arch`` (a ``vision_backbone`` key
+    only for a backbone other than the published fused one, whose files stay as they were)."""
+    fused = arch.vision_backbone == FUSED_VIT
     return {
         "model_type": "openvla",
         "architectures": ["OpenVLAForActionPrediction"],
-        "use_fused_vision_backbone": True,
+        "use_fused_vision_backbone": fused,
+        **({} if fused else {"vision_backbone": arch.vision_backbone}),
         "timm_model_ids": list(arch.timm_model_ids),
         "image_sizes": list(arch.image_sizes),
         "timm_override_act_layers": list(arch.timm_override_act_layers),

@@ -18,15 +18,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from policies.openvla.action_tokenizer import ActionTokenizer
-from policies.openvla.configuration import VLAArchitecture
+from policies.openvla.configuration import EFFICIENTNET_LITE0, VLAArchitecture
+from policies.openvla.efficientnet_tower import EfficientNetBackbone
 from policies.openvla.vision import FusedVisionBackbone, Projector
+
+
+def build_vision_backbone(arch: VLAArchitecture) -> FusedVisionBackbone | EfficientNetBackbone:
+    """The backbone ``arch.vision_backbone`` names (both map (N, C, S, S) to (N, P, D))."""
+    if arch.vision_backbone == EFFICIENTNET_LITE0:
+        return EfficientNetBackbone(arch.image_size)
+    return FusedVisionBackbone(arch.timm_model_ids, arch.image_size, arch.timm_override_act_layers)
 
 
 class PrismaticVLA(nn.Module):
     """Vision backbone + projector + Llama, with the action vocabulary (published names).
 
     Attributes:
-        vision_backbone: :class:`FusedVisionBackbone`.
+        vision_backbone: :class:`FusedVisionBackbone`, or :class:`EfficientNetBackbone` for
+            ``arch.vision_backbone == "efficientnet_lite0"``.
         projector: fused features (N, P, D_vision) -> LM embeddings (N, P, D).
         language_model: ``LlamaForCausalLM``.
         action_tokenizer: the 256 action ids at the end of the vocabulary.
@@ -39,9 +48,7 @@ class PrismaticVLA(nn.Module):
 
         super().__init__()
         self.arch = arch
-        self.vision_backbone = FusedVisionBackbone(
-            arch.timm_model_ids, arch.image_size, arch.timm_override_act_layers
-        )
+        self.vision_backbone = build_vision_backbone(arch)
         llm_config = LlamaConfig(**dict(arch.text_config))
         self.projector = Projector(self.vision_backbone.embed_dim, llm_config.hidden_size)
         self.language_model = LlamaForCausalLM(llm_config)
@@ -58,7 +65,8 @@ class PrismaticVLA(nn.Module):
         return self.language_model.get_input_embeddings()(ids)
 
     def image_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(N, 6, S, S) normalised pixels -> (N, P, D) LM-space image tokens."""
+        """(N, C, S, S) normalised pixels (C = 6 fused, 3 EfficientNet) -> (N, P, D) LM-space
+        image tokens."""
         return self.projector(self.vision_backbone(pixel_values))
 
     def decode(

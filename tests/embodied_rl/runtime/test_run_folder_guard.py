@@ -56,7 +56,35 @@ def reach_run(tmp_path_factory) -> Path:
     assert main(["train", "--config-name", "srpo_reach", *REACH, f"run_dir={run_dir}"]) == 0
     assert (run_dir / "checkpoints" / "step_000001" / "manifest.json").is_file()
     assert (run_dir / "eval" / "results.jsonl").is_file()
+    assert not (run_dir / ".lock").exists()  # released when the run ended
     return run_dir
+
+
+def test_a_second_writer_into_a_live_run_is_refused_naming_the_holder(reach_run, capsys):
+    """A resume=true of a live run truncated its metrics.jsonl and wrote the same steps."""
+    import socket
+    import subprocess
+
+    import psutil
+
+    holder = subprocess.Popen(["sleep", "60"])  # stands for the live run's driver
+    try:
+        started = psutil.Process(holder.pid).create_time()
+        record = {"pid": holder.pid, "host": socket.gethostname(), "started": started,
+                  "command": "embodied-rl train -c srpo_reach"}  # fmt: skip
+        (reach_run / ".lock").write_text(json.dumps(record))
+        before = _files(reach_run)
+        for args in (
+            ["train", "-c", "srpo_reach", *REACH, "resume=true"],
+            ["eval", "-c", "srpo_reach", *REACH],
+        ):
+            line = _refused(capsys, *args, f"run_dir={reach_run}")
+            assert f"in use by a live run: pid {holder.pid}" in line and "Fix: wait" in line
+        assert _files(reach_run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+        (reach_run / ".lock").unlink()
 
 
 def test_eval_of_a_run_dir_without_a_checkpoint_is_refused_and_writes_nothing(tmp_path, capsys):
