@@ -44,7 +44,7 @@ transformers rewrote parameters named ``gamma`` when loading); rotary ``inv_freq
 if a checkpoint has them, are recomputed instead of loaded.
 
 Ours only: a ``config.json`` with ``"vision_backbone": "efficientnet_lite0"`` (and
-``use_fused_vision_backbone: false``, no ``timm_model_ids``) is the ``tiny_libero_effnet``
+``use_fused_vision_backbone: false``, ``timm_model_ids: []``) is the ``tiny_libero_effnet``
 preset's single EfficientNet-Lite0 tower, weights ``vision_backbone.{_conv_stem, _bn0,
 _blocks.{i}}.*`` (``policies/openvla/efficientnet_tower.py``); a config without the key is the
 published fused backbone. Also ours, written by :func:`save_checkpoint` under these top-level
