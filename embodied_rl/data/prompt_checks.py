@@ -127,11 +127,16 @@ def merge_checks(
 
 
 def check_file_head(
-    source: JsonlSource | ParquetSource, fields: Sequence[str], on_bad_row: str, rows: int = 256
+    source: JsonlSource | ParquetSource,
+    fields: Sequence[str],
+    on_bad_row: str,
+    rows: int = 256,
+    batch_size: int = 1,
 ) -> None:
     """The driver's quick check of a prompt file before workers start: the file opened (the
-    caller did), its columns, and the refused problems of its first ``rows`` rows; the
-    workers' full row-check pass still covers every row.
+    caller did), its columns, the refused problems of its first ``rows`` rows, and that it
+    holds ``batch_size`` usable rows (read on past the head only until it is known); the
+    workers' full row-check pass still covers every row (and the prompt-length limit).
 
     Raises:
         ValueError: naming the file, the line or row, the problem and the fix.
@@ -151,4 +156,23 @@ def check_file_head(
         raise ValueError(
             f"{source.path}: {source.where(row)} {problem}. Fix: correct or remove that row, or "
             "set on_bad_row: drop to skip such rows (counted as data/dropped_<reason>)"
+        )
+    check_one_batch(source, fields, check, batch_size)
+
+
+def check_one_batch(
+    source: JsonlSource | ParquetSource, fields: Sequence[str], head: RowCheck, batch_size: int
+) -> None:
+    """Refuse a file with fewer usable rows than one batch (all prompts empty, or too few
+    rows), reading past the ``head`` block only as far as needed."""
+    usable, checked = head.status.count(0), len(head.status)
+    while usable < batch_size and checked < source.num_rows:
+        stop = min(source.num_rows, checked + 4096)
+        usable += RowCheck(source, fields, checked, stop, None, None).status.count(0)
+        checked = stop
+    if usable < batch_size:
+        raise ValueError(
+            f"{source.path} has {usable} usable prompt(s) of {source.num_rows} row(s) (empty "
+            f"prompts and dropped rows do not count), fewer than one batch of {batch_size}. "
+            "Fix: give the file at least that many rows with a prompt, or lower data.batch_size"
         )

@@ -92,9 +92,11 @@ class PromptDataConfig:
 
     def check_inputs(self) -> None:
         """On the driver before workers start (``validate_config``): the file opens as JSONL
-        or Parquet, has the needed columns, and its first rows pass the row checks."""
+        or Parquet, has the needed columns, its first rows pass the row checks, and it holds
+        one batch of usable (non-empty) prompts."""
         fields = self.required_fields()
-        check_file_head(open_source(resolve_data_path(self.path), fields), fields, self.on_bad_row)
+        source = open_source(resolve_data_path(self.path), fields)
+        check_file_head(source, fields, self.on_bad_row, batch_size=self.batch_size)
 
 
 def resolve_data_path(path: str) -> Path:

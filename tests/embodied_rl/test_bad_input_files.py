@@ -187,12 +187,28 @@ def test_integer_answers_stored_as_float_read_as_integers(tmp_path, capsys):
     data = tmp_path / "train.parquet"
     _parquet(data, [19.0, 4.0, 2.5, 0.0])
     argv = ["validate", "--config-name", "grpo_llm", f"data.train_path={data}"]
-    assert main(argv) == 0, capsys.readouterr().err
+    assert main([*argv, "data.batch_size=4"]) == 0, capsys.readouterr().err
     loader = ShardedPromptLoader(
         data, global_batch_size=4, dp_rank=0, dp_size=1, seed=0, shuffle=False,
         required_fields=("prompt", "answer"),
     )  # fmt: skip
     assert loader.next_batch()["answer_text"] == ["19", "4", "2.5", "0"]
+
+
+@pytest.mark.parametrize(
+    "prompts, words",
+    [
+        (["", "  ", "\t"], "has 0 usable prompt(s) of 3 row(s)"),
+        (["1+1="], "has 1 usable prompt(s)"),
+    ],
+)
+def test_a_file_that_cannot_fill_one_batch_is_refused_at_validate(tmp_path, capsys, prompts, words):
+    """validate said OK, then train failed in a worker traceback after Ray started."""
+    data = tmp_path / "train.parquet"
+    _parquet(data, [2.0] * len(prompts), prompts)
+    argv = train("grpo_llm", tmp_path, f"data.train_path={data}", "data.batch_size=2")
+    line = refused(capsys, argv, words, "fewer than one batch of 2", "lower data.batch_size")
+    assert str(data) in line and not (tmp_path / "run").exists()
 
 
 def test_a_nan_answer_is_refused_at_validate_naming_the_row(tmp_path, capsys):
