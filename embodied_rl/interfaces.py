@@ -138,7 +138,8 @@ class PolicyBuilder(Protocol):
     options mappings must be equal. It may also carry ``check_options(options, where)``,
     called on the driver before any worker starts (``validate_config``): it raises
     ``ConfigError`` for options that the files they name contradict (e.g. a ``path``
-    checkpoint trained with a head the options disable).
+    checkpoint trained with a head the options disable); and ``state_size(options) -> int``,
+    the proprio size the policy reads (0: none), checked against the simulator's state.
     """
 
     def __call__(self, options: Mapping[str, Any], device: torch.device) -> Any: ...

@@ -35,3 +35,15 @@ class PolicyOptions:
             for f in dataclasses.fields(config)
             if f.name not in cls.RUNTIME_OPTIONS
         }
+
+    @property
+    def state_size(self) -> int:
+        """Size of the proprio state the policy reads (0: none): its ``state_dim`` option,
+        where it has one."""
+        return int(getattr(self, "state_dim", 0))
+
+    @classmethod
+    def state_size_of(cls, options: Mapping[str, Any]) -> int:
+        """:attr:`state_size` of the options a config gives (the driver's check of it against
+        the simulator's state, ``validate_config``)."""
+        return cls.from_options(options).state_size

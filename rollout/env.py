@@ -89,6 +89,10 @@ class EnvRolloutConfig:
         except ValueError as err:
             raise ValueError(f"simulator_options: {err}") from None
 
+    def simulator_state_dim(self) -> int | None:
+        """Size of the simulator's proprio state (``Obs.state``), if known without an env."""
+        return SIMULATORS.get(self.simulator).limits(self.simulator_options).get("state_dim")
+
     def ids_accepted(self) -> dict[str, tuple[int, str]]:
         """Batch key -> (exclusive bound of the ids the simulator accepts, who says so), for
         the check of the ids the data node draws (``validate_config``); no env is built."""

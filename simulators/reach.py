@@ -130,7 +130,11 @@ class ReachConfig:
 
     def limits(self) -> dict[str, int]:
         """Tasks and init states per task of this configuration (``Simulator.limits``)."""
-        return {"num_tasks": self.num_tasks, "num_init_states": self.num_init_states}
+        return {
+            "num_tasks": self.num_tasks,
+            "num_init_states": self.num_init_states,
+            "state_dim": STATE_DIM,
+        }
 
 
 class InjectedSimulatorFault(RuntimeError):

@@ -37,8 +37,8 @@ class Simulator:
         build: ``build(options, num_envs) -> VectorEnv``, the in-process builder.
         config_cls: the dataclass of the simulator's options (``None``: options are checked
             only when an env is built). Its optional ``limits()`` method returns
-            ``{"num_tasks": n, "num_init_states": m, "max_render_size": s}`` (any may be
-            missing when unknown without building an env, or unlimited).
+            ``{"num_tasks": n, "num_init_states": m, "max_render_size": s, "state_dim": d}``
+            (any may be missing when unknown without building an env, or unlimited).
     """
 
     def __init__(self, name: str, build: Builder, config_cls: type | None = None) -> None:

@@ -239,6 +239,26 @@ def _check_model_names(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
 TASK_MANIFEST_TYPE = "data.tasks"
 
 
+def _check_state_sizes(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
+    """The proprio size each rollout's policy reads is the one its simulator gives (a policy
+    built for another size failed at its first act, in a worker)."""
+    for node in dag.nodes:
+        state_dim = getattr(node.config, "simulator_state_dim", None)
+        spec = models.get(getattr(node.config, "model", None))
+        if state_dim is None or spec is None:
+            continue
+        reads = getattr(model_builder(spec.policy), "state_size", None)
+        simulator_dim, policy_dim = state_dim(), None if reads is None else reads(spec.options)
+        if simulator_dim is not None and policy_dim and policy_dim != simulator_dim:
+            raise ConfigError(
+                f"node {node.id!r}: models.{node.config.model} ({spec.policy}) reads a "
+                f"{policy_dim}-d state, simulator {node.config.simulator!r} gives "
+                f"{simulator_dim}-d states",
+                f"set the policy's state size to {simulator_dim} (models.{node.config.model}"
+                ".options.state_dim, or proprio_dim for openvla_oft)",
+            )
+
+
 def _check_statistics_source(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
     """A ``data.demos`` node that keeps the checkpoint's statistics has a checkpoint to keep
     them from (``init_from``, where check_init_from has found them set)."""
@@ -316,6 +336,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
     for dag in dags:
         _check_model_names(dag, models)
         _check_statistics_source(dag, models)
+        _check_state_sizes(dag, models)
     if len(dags) == 2:
         _check_evaluation_apart(evaluation_dag=dags[0], training_dag=dags[1])
     # data files, demo folders, id ranges: before anything is written

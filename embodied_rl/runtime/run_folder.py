@@ -15,6 +15,7 @@ the changes that cannot be resumed.
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -208,12 +209,27 @@ def _check_replaceable(cfg: DictConfig, run_dir: Path, overwrite: bool) -> None:
         check_same_run(
             cfg, run_dir, "choose a new run_dir, or add overwrite=true to replace that run"
         )
+        if _failed_start(run_dir):
+            print(
+                f"note: {run_dir} holds a start of this run that failed before its first step "
+                "(no checkpoint, no metrics); starting it again there",
+                file=sys.stderr,
+            )
+            return
         raise ConfigError(
             f"run_dir {run_dir} already holds a run of {cfg.get('name')!r}; a fresh run would "
             "mix its metrics and checkpoints with the old ones",
             "add resume=true to continue it, overwrite=true to replace it, or choose another "
             "run_dir",
         )
+
+
+def _failed_start(run_dir: Path) -> bool:
+    """A run that wrote its config but never completed a step: no checkpoint, no metrics row
+    (a plain retry of the same command may reuse its folder; nothing in it was trained)."""
+    metrics = run_dir / "metrics.jsonl"
+    no_rows = not metrics.is_file() or not metrics.read_text().strip()
+    return no_rows and not (run_dir / "checkpoints").exists()
 
 
 def remove_contents(run_dir: Path) -> None:

@@ -307,3 +307,4 @@ def build_flow_vla_policy(options: Mapping[str, Any], device: torch.device) -> F
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_flow_vla_policy.architecture_options = FlowVLAConfig.architecture_options
+build_flow_vla_policy.state_size = FlowVLAConfig.state_size_of

@@ -291,3 +291,4 @@ def build_mlp_policy(options: Mapping[str, Any], device: torch.device) -> MLPPol
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_mlp_policy.architecture_options = MLPPolicyConfig.architecture_options
+build_mlp_policy.state_size = MLPPolicyConfig.state_size_of

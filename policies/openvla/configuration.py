@@ -233,6 +233,10 @@ class VLAOptions(PolicyOptions):
         """Size of the proprio the policy reads (and normalises); OpenVLA reads none."""
         return 0
 
+    @property
+    def state_size(self) -> int:
+        return self.normalized_proprio_dim
+
 
 @dataclass
 class OpenVLAConfig(VLAOptions):

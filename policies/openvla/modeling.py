@@ -160,3 +160,4 @@ def build_openvla(options: Mapping[str, Any], device: torch.device | str) -> Ope
 
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla.architecture_options = OpenVLAConfig.architecture_options
+build_openvla.state_size = OpenVLAConfig.state_size_of

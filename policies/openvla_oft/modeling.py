@@ -309,4 +309,5 @@ def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) ->
 # What an ``init_from`` checkpoint must agree on, and the driver's check of a ``path``
 # checkpoint's files against the options (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla_oft.architecture_options = OpenVLAOFTConfig.architecture_options
+build_openvla_oft.state_size = OpenVLAOFTConfig.state_size_of
 build_openvla_oft.check_options = check_checkpoint_options

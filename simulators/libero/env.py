@@ -163,7 +163,7 @@ class LiberoConfig:
     def limits(self) -> dict[str, int]:
         """Tasks and init states per task of the suite (``Simulator.limits``): known for
         LIBERO's own suites without importing LIBERO; only the frame size for others."""
-        limits = {"max_render_size": MAX_FRAME_SIZE}
+        limits = {"max_render_size": MAX_FRAME_SIZE, "state_dim": PROPRIO_DIM}
         if self.suite in SUITE_SIZES:
             num_tasks, num_init_states = SUITE_SIZES[self.suite]
             limits.update(num_tasks=num_tasks, num_init_states=num_init_states)

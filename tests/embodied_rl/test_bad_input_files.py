@@ -338,3 +338,20 @@ def test_a_run_folder_that_cannot_be_created_is_one_line(tmp_path, capsys, where
     argv = ["train", "--config-name", "srpo_reach", f"run_dir={run_dir}"]
     line = refused(capsys, argv, f"cannot create or write the run folder {run_dir}")
     assert "Fix: set run_dir (or output_root) to a writable folder" in line
+
+
+@pytest.mark.parametrize(
+    "config, override, reads",
+    [
+        ("srpo_reach", "models.actor.options.state_dim=5", "(mlp) reads a 5-d state"),
+        ("srpo_oft_libero", "+models.actor.options.proprio_dim=6", "(openvla_oft) reads a 6-d"),
+    ],
+)
+def test_a_policy_state_size_the_simulator_does_not_give_is_refused(
+    tmp_path, capsys, config, override, reads
+):
+    """validate said OK, then the policy's first act failed in a worker after Ray started."""
+    if config == "srpo_oft_libero":  # the shipped checkpoint has 8: start from scratch
+        override = f"{override} models.actor.init_from=null"
+    line = refused(capsys, train(config, tmp_path, *override.split()), reads, "8-d states")
+    assert "Fix: set the policy's state size to 8" in line and not (tmp_path / "run").exists()

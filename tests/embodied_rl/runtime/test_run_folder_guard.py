@@ -188,3 +188,26 @@ def test_overwrite_replaces_the_run_and_resume_continues_it(reach_run, tmp_path)
     assert main(["train", "-c", "srpo_reach", *more]) == 0
     lines = (copy / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1]
+
+
+def test_a_start_that_failed_before_its_first_step_is_started_again_in_place(tmp_path, capsys):
+    """Its folder blocked the retry, and the suggested resume=true was refused in turn."""
+    from omegaconf import OmegaConf
+
+    from embodied_rl.runtime.config import compose
+    from embodied_rl.runtime.config_errors import ConfigError
+    from embodied_rl.runtime.run_folder import prepare_train_folder
+
+    run_dir = tmp_path / "run"
+    cfg = compose("srpo_reach", [*REACH, f"run_dir={run_dir}"])
+    run_dir.mkdir()
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)  # what a start writes first
+    (run_dir / "command.txt").write_text("embodied-rl train -c srpo_reach\n")
+    (run_dir / "metrics.jsonl").write_text("")
+    prepare_train_folder(cfg, run_dir)
+    assert "failed before its first step" in capsys.readouterr().err
+    assert list(run_dir.iterdir()) == []  # emptied for the new start
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")  # a step completed
+    with pytest.raises(ConfigError, match="already holds a run of 'srpo_reach'"):
+        prepare_train_folder(cfg, run_dir)
