@@ -18,9 +18,16 @@ from types import FrameType
 CONSOLE_SCRIPT = "embodied-rl"
 
 
+# Set by the console script's process to its pid: the processes it spawns (multiprocessing
+# restores the parent's sys.argv in them) are not the console script.
+CLI_PID = "EMBODIED_RL_CLI_PID"
+
+
 def is_console_script() -> bool:
-    """Whether this process is the ``embodied-rl`` console script."""
-    return bool(sys.argv) and os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT
+    """Whether this process is the ``embodied-rl`` console script itself (not a process it
+    spawned, e.g. a worker of ``demos --processes``)."""
+    named = bool(sys.argv) and os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT
+    return named and os.environ.get(CLI_PID) in (None, str(os.getpid()))
 
 
 def _exit_while_starting(signum: int, frame: FrameType | None) -> None:
@@ -31,6 +38,7 @@ def _exit_while_starting(signum: int, frame: FrameType | None) -> None:
 
 def quiet_interrupts_while_starting() -> None:
     """SIGINT / SIGTERM end the process at once with one line (nothing has started yet)."""
+    os.environ[CLI_PID] = str(os.getpid())
     signal.signal(signal.SIGINT, _exit_while_starting)
     signal.signal(signal.SIGTERM, _exit_while_starting)
 

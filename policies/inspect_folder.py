@@ -89,7 +89,8 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
     policy = "openvla_oft" if oft else "openvla"
     out = Description(f"{folder}: {'OpenVLA-OFT' if oft else 'OpenVLA'} checkpoint")
     text = arch.text_config
-    out.facts.append(("vision", f"{' + '.join(arch.timm_model_ids)} at {arch.image_size} px"))
+    towers = " + ".join(arch.timm_model_ids) or arch.vision_backbone
+    out.facts.append(("vision", f"{towers} at {arch.image_size} px"))
     layers, width = text.get("num_hidden_layers", 32), text.get("hidden_size", 4096)
     out.facts.append(("language model", f"Llama, {layers} layers, width {width}"))
     head = parts["use_continuous_head"]

@@ -17,46 +17,33 @@ stopped, and a rebuild is checked equal by comparing two ``demos.json``.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
+import signal
+import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import psutil
 from tqdm import tqdm
 
 from embodied_rl.data.demos import content_digest
 from embodied_rl.runtime.config import ConfigError
 from embodied_rl.runtime.path_guard import check_apart
+from simulators.libero.demo_reports import (
+    DEMOS,
+    TaskReport,
+    finished_demos,
+    finished_reports,
+    report_markdown,
+    summarise,
+    write_report,
+)
 from simulators.libero.demos import EpisodeResult, TaskInfo, demo_path, run_task, suite_tasks
 from simulators.libero.goals import Step, UnsupportedGoalError, goal_steps, parse_goal
 from simulators.libero.planner_config import PlannerConfig
-
-REPORT, DEMOS = "report", "demos"  # the stems of --report's summary and of the demos record
-
-
-@dataclass
-class TaskReport:
-    """Planner outcome on one task over the init states it ran on."""
-
-    task_id: int
-    name: str
-    instruction: str
-    episodes: int = 0
-    successes: int = 0
-    mean_steps: float | None = None  # over successful episodes
-    failed_init_states: list[int] = field(default_factory=list)
-    failures: dict[int, str] = field(default_factory=dict)
-    unsupported: str | None = None  # the planner has no skill for the goal
-    init_states: list[int] = field(default_factory=list)  # the init states it ran on
-    demo_file: str | None = None  # demos.json: the file written (name in --out), if any
-    digest: str | None = None  # demos.json: content_digest of that file
-
-    @property
-    def rate(self) -> float:
-        return self.successes / self.episodes if self.episodes else 0.0
 
 
 def check_request(
@@ -87,118 +74,6 @@ def check_no_demo_files(out: Path, tasks: Sequence[TaskInfo]) -> None:
             f"--out {out} already holds {existing[0].name}{more}; writing would replace it",
             "pass --overwrite to replace it, or choose another --out folder",
         )
-
-
-def summarise(task: TaskInfo, results: Sequence[EpisodeResult]) -> TaskReport:
-    """Success count, mean successful length and failures of one task's episodes."""
-    lengths = [r.steps for r in results if r.success]
-    failed = [r for r in results if not r.success]
-    return TaskReport(
-        task_id=task.task_id,
-        name=task.name,
-        instruction=task.instruction,
-        episodes=len(results),
-        successes=len(lengths),
-        mean_steps=float(np.mean(lengths)) if lengths else None,
-        failed_init_states=[r.init_state_id for r in failed],
-        failures={r.init_state_id: str(r.failure) for r in failed},
-        init_states=[r.init_state_id for r in results],
-    )
-
-
-def report_markdown(suite: str, reports: Sequence[TaskReport], stem: str = REPORT) -> str:
-    """A Markdown table: task, instruction, successes/episodes, rate, mean steps, failures."""
-    what = "" if stem == REPORT else ", the recorded demo episodes"
-    lines = [
-        f"# Scripted planner on {suite}{what}",
-        "",
-        "| task | instruction | successes | rate | mean steps | failed init states |",
-        "|---:|---|---:|---:|---:|---|",
-    ]
-    for r in reports:
-        if r.unsupported is not None:
-            lines.append(
-                f"| {r.task_id} | {r.instruction} | - | - | - | unsupported: {r.unsupported} |"
-            )
-            continue
-        steps = "-" if r.mean_steps is None else f"{r.mean_steps:.1f}"
-        failed = ", ".join(map(str, r.failed_init_states)) or "none"
-        lines.append(
-            f"| {r.task_id} | {r.instruction} | {r.successes}/{r.episodes} | "
-            f"{r.rate:.0%} | {steps} | {failed} |"
-        )
-    ran = [r for r in reports if r.unsupported is None]
-    total, wins = sum(r.episodes for r in ran), sum(r.successes for r in ran)
-    if total:
-        lines += ["", f"Overall: {wins}/{total} ({wins / total:.1%})."]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(
-    out: Path, suite: str, reports: Sequence[TaskReport], stem: str = REPORT
-) -> tuple[Path, Path]:
-    """Write ``<stem>.json`` and ``<stem>.md`` into ``out`` (``report``: the ``--report``
-    summary; ``demos``: the record of the demo episodes)."""
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "suite": suite,
-        "tasks": [{**asdict(r), "rate": r.rate} for r in reports],
-    }
-    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(report_markdown(suite, reports, stem), encoding="utf-8")
-    return json_path, md_path
-
-
-def read_reports(out: Path, suite: str, stem: str = REPORT) -> list[TaskReport]:
-    """The task entries of ``out/<stem>.json`` (none if it is missing); a file of another
-    suite is refused rather than mixed in."""
-    path = out / f"{stem}.json"
-    if not path.exists():
-        return []
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    if payload.get("suite") != suite:
-        raise ConfigError(
-            f"--resume: {path} is a report of {payload.get('suite')!r}, not {suite!r}",
-            "give the --out folder of the same suite's report, or drop --resume",
-        )
-    fields = set(TaskReport.__dataclass_fields__)
-    reports = []
-    for entry in payload["tasks"]:
-        report = TaskReport(**{k: v for k, v in entry.items() if k in fields})
-        report.failures = {int(k): v for k, v in report.failures.items()}
-        reports.append(report)
-    return reports
-
-
-def finished_reports(out: Path, suite: str, infos: Sequence[TaskInfo]) -> dict[int, TaskReport]:
-    """The task reports a stopped ``--report`` run left in ``out/report.json`` (``--resume``).
-
-    Only tasks that ran on every official init state are kept.
-    """
-    return {
-        r.task_id: r
-        for r in read_reports(out, suite)
-        if r.unsupported is None and r.episodes == infos[r.task_id].num_init_states
-    }
-
-
-def finished_demos(out: Path, suite: str, demo_ids: dict[int, list[int]]) -> dict[int, TaskReport]:
-    """The tasks whose demos a stopped run recorded in ``out/demos.json`` (``--resume``).
-
-    Kept: tasks asked the same init states (``demo_ids``: task id -> init state ids) whose
-    demo file, if they had a success, is still there with the digest recorded.
-    """
-    kept = {}
-    for report in read_reports(out, suite, DEMOS):
-        if report.init_states != demo_ids.get(report.task_id):
-            continue
-        if report.demo_file is not None:
-            path = out / report.demo_file
-            if not path.exists() or content_digest(path) != report.digest:
-                continue
-        kept[report.task_id] = report
-    return kept
 
 
 def planner_goals(tasks: Sequence[TaskInfo]) -> dict[int, tuple[Step, ...] | str]:
@@ -308,6 +183,49 @@ def demos_command(
     }
     demo_reports = {task_id: recorded[task_id] for task_id in recorded}
     reports: dict[int, TaskReport] = {}
+    previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _run_all(suite, out, report, progress, selected, goals, done, jobs, processes,
+                 init_states, task_ids, reports, demo_reports)  # fmt: skip
+    except Stopped as stop:
+        print(
+            f"error: stopped by {stop}; the tasks finished so far are in {out} (demos.json); "
+            "the same command with --resume goes on from there",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    reports = _in_order(reports, task_ids)
+    if any(demo_ids.values()):
+        json_path, _ = write_report(out, suite, _in_order(demo_reports, task_ids), DEMOS)
+        ran = [r for r in demo_reports.values() if r.unsupported is None]
+        wins, total = sum(r.successes for r in ran), sum(r.episodes for r in ran)
+        print(f"demos: {wins}/{total} episodes succeeded, recorded in {json_path}")
+    if report:
+        json_path, md_path = write_report(out, suite, reports)
+        print(report_markdown(suite, reports), end="")
+        print(f"report: {json_path} and {md_path}")
+    return 0
+
+
+def _run_all(
+    suite: str,
+    out: Path,
+    report: bool,
+    progress: bool,
+    selected: Sequence[TaskInfo],
+    goals: dict[int, Any],
+    done: dict[int, TaskReport],
+    jobs: dict[int, TaskJob],
+    processes: int,
+    init_states: Sequence[int] | None,
+    task_ids: Sequence[int],
+    reports: dict[int, TaskReport],
+    demo_reports: dict[int, TaskReport],
+) -> None:
+    """Run every job with a progress bar, recording the reports as each task ends."""
     total = sum(job.episodes for job in jobs.values())
     with tqdm(total=total, desc=f"{suite} episodes", disable=not progress) as bar:
         for task in selected:
@@ -329,17 +247,6 @@ def demos_command(
                 reports[task_id] = summarise(task, outcome.report)
                 tqdm.write(_report_line(reports[task_id]))
                 write_report(out, suite, _in_order(reports, task_ids))  # so far: the progress
-    if any(demo_ids.values()):
-        json_path, _ = write_report(out, suite, _in_order(demo_reports, task_ids), DEMOS)
-        ran = [r for r in demo_reports.values() if r.unsupported is None]
-        wins, total = sum(r.successes for r in ran), sum(r.episodes for r in ran)
-        print(f"demos: {wins}/{total} episodes succeeded, recorded in {json_path}")
-    reports = _in_order(reports, task_ids)
-    if report:
-        json_path, md_path = write_report(out, suite, reports)
-        print(report_markdown(suite, reports), end="")
-        print(f"report: {json_path} and {md_path}")
-    return 0
 
 
 @dataclass(frozen=True)
@@ -418,12 +325,41 @@ def _run_jobs(
             yield task_id, run_job(job, bar)
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(processes, len(work)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(min(processes, len(work)), mp_context=context)
+    try:
         futures = {pool.submit(run_job, job): task_id for task_id, job in work.items()}
         for future in as_completed(futures):
             task_id = futures[future]
             bar.update(work[task_id].episodes)
             yield task_id, future.result()
+    except BaseException:  # a signal (Stopped, KeyboardInterrupt) or a task's error
+        end_children()  # the pool would wait for the running tasks, its workers outlive us
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+class Stopped(BaseException):
+    """SIGTERM (or Ctrl-C) reached ``embodied-rl demos``; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+def end_children(timeout_s: float = 5.0) -> None:
+    """Terminate every process this one started (the pool's workers, multiprocessing's
+    resource tracker), killing those still alive after ``timeout_s``."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for child in alive:
+        child.kill()
 
 
 def _in_order(reports: dict[int, TaskReport], order: Sequence[int]) -> list[TaskReport]:
