@@ -123,12 +123,37 @@ def _fsync_dir(path: Path) -> None:
 def _atomic_write(path: Path, write: Any) -> None:
     """Write a file under a temporary name, fsync it, then move it into place."""
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(partial, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a full disk gets back what the failed write took
+        raise
     os.replace(partial, path)
     _fsync_dir(path.parent)
+
+
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (disk full, quota, permissions): the message names the
+    folder, the step being saved, the newest complete checkpoint and how to go on."""
+
+
+def write_failure(ckpt_root: Path, step: int, err: OSError) -> CheckpointWriteError:
+    """The error for a failed write of step ``step``'s checkpoint under ``ckpt_root``."""
+    latest = latest_checkpoint(ckpt_root, checksums=False)
+    reason = err.strerror or type(err).__name__
+    where = f" ({err.filename})" if err.filename else ""
+    if latest is None:
+        kept = "there is no earlier checkpoint; the run starts again from step 0"
+    else:
+        kept = f"the newest complete checkpoint, {latest.name}, is intact and resume=true continues from it"
+    return CheckpointWriteError(
+        f"writing the checkpoint of step {step} into {ckpt_root} failed: {reason}{where}; "
+        f"{kept}. Fix: free space on that disk (or point run_dir elsewhere), then run the same "
+        "command with resume=true"
+    )
 
 
 def check_weights_only_safe(obj: Any, where: str = "state") -> None:
@@ -173,8 +198,37 @@ def write_rank_shard(ckpt_root: str | Path, step: int, rank: int, state: dict[st
     tmp = _tmp_dir(Path(ckpt_root), step)
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / shard_name(rank)
-    _atomic_write(path, lambda f: torch.save(state, f))
+    _atomic_write(path, lambda f: _save_to(state, f))
     return path
+
+
+class _WriteRecorder:
+    """A file object that keeps the ``OSError`` of a failed write: torch.save reports a
+    failed write (a full disk) as a ``RuntimeError`` of its zip writer, without the cause."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _save_to(state: dict[str, Any], file: Any) -> None:
+    """``torch.save(state, file)``; a failed write raises its ``OSError``."""
+    recorder = _WriteRecorder(file)
+    try:
+        torch.save(state, recorder)
+    except RuntimeError:
+        if recorder.error is not None:
+            raise recorder.error from None
+        raise
 
 
 def _sha256(path: Path) -> str:

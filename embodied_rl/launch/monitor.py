@@ -10,10 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embodied_rl.checkpoint import CheckpointWriteError
 from embodied_rl.launch.outcome import RunFailed
 from embodied_rl.runtime import cluster
 
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours a task error's header, even in a log file
+
+
+def cause_text(err: Exception) -> str:
+    """What to show of a worker's error: a :class:`CheckpointWriteError`'s message alone (it
+    says all the user needs), anything else as Ray reports it (with the worker's traceback)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, CheckpointWriteError):
+        return str(cause)
+    return str(err)
 
 
 class _WorkerError(Exception):
@@ -87,7 +97,7 @@ class Monitor:
         note = self._lost_node_note(rank) if died else ""
         return RunFailed(
             f"worker rank {rank} {what} during {place}; the run was stopped.{note} Cause: "
-            + _COLOUR.sub("", str(err))
+            + _COLOUR.sub("", cause_text(err))
         )
 
     def _lost_node_note(self, rank: int) -> str:

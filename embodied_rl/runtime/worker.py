@@ -335,13 +335,18 @@ class DAGWorker:
             "nodes": {name: ex.state_dict() for name, ex in self.executors.items()},
             "rng": checkpoint.capture_rng_state(),
         }
-        checkpoint.write_rank_shard(self._checkpoint_root(), completed_steps, self.rank, state)
+        root = self._checkpoint_root()
+        try:
+            checkpoint.write_rank_shard(root, completed_steps, self.rank, state)
+        except OSError as err:  # a full disk: one message, not the writer's traceback
+            raise checkpoint.write_failure(root, completed_steps, err) from None
         dist.barrier()
         if self.rank == 0:
             keep = self.trainer.keep_checkpoints
-            checkpoint.finalize(
-                self._checkpoint_root(), completed_steps, self.world_size, keep_last=keep
-            )
+            try:
+                checkpoint.finalize(root, completed_steps, self.world_size, keep_last=keep)
+            except OSError as err:
+                raise checkpoint.write_failure(root, completed_steps, err) from None
         dist.barrier()
 
     def _restore(self) -> None:

@@ -162,3 +162,49 @@ def test_keep_last_prunes_older_complete_checkpoints(tmp_path: Path) -> None:
         "step_000005",
     ]
     assert latest_checkpoint(tmp_path) == tmp_path / "step_000005"
+
+
+_FULL_DISK = """
+import resource, sys, torch
+from embodied_rl import checkpoint
+root = sys.argv[1]
+checkpoint.write_rank_shard(root, 1, 0, {"w": torch.zeros(10)})
+checkpoint.finalize(root, 1, 1)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))  # a full disk
+try:
+    checkpoint.write_rank_shard(root, 2, 0, {"w": torch.zeros(1_000_000)})
+except OSError as err:
+    print(checkpoint.write_failure(checkpoint.Path(root), 2, err))
+"""
+
+
+def test_a_write_that_fails_says_which_step_what_survived_and_how_to_resume(tmp_path):
+    """A full disk while saving gave a traceback naming the wrong step and no resume hint.
+    Here the OS refuses the write for real (a file-size limit: EFBIG, as ENOSPC would)."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "checkpoints"
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(root)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    message = done.stdout.strip()
+    assert message.startswith(f"writing the checkpoint of step 2 into {root} failed: "), done
+    assert "step_000001, is intact and resume=true continues from it" in message
+    assert "Fix: free space on that disk" in message
+    assert not list(root.glob("*.tmp/.*.partial"))  # the failed write's bytes given back
+    assert latest_checkpoint(root).name == "step_000001"
+
+
+def test_the_driver_shows_a_write_failure_without_the_workers_traceback():
+    import ray
+
+    from embodied_rl.checkpoint import CheckpointWriteError
+    from embodied_rl.launch.monitor import cause_text
+
+    cause = CheckpointWriteError("writing the checkpoint of step 2 into /x failed: No space left")
+    err = ray.exceptions.RayTaskError(
+        "DAGWorker.run", "Traceback (most recent call last): ...", cause
+    )
+    assert cause_text(err) == str(cause)
+    other = ray.exceptions.RayTaskError("DAGWorker.run", "Traceback: ...", ValueError("bad"))
+    assert "Traceback" in cause_text(other)
