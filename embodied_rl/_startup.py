@@ -4,8 +4,9 @@ traceback of the import that was running.
 ``embodied_rl/__init__.py`` installs :func:`quiet_interrupts_while_starting` first thing when
 the process is the console script (``sys.argv[0]`` is ``embodied-rl``; never when the package
 is imported as a library, in tests or in Ray workers); the CLI's ``main`` calls
-:func:`restore_default_interrupts` once its parser is built, from where its own handling
-applies (``KeyboardInterrupt`` -> exit 130; a run's signals in ``launch``).
+:func:`restore_default_interrupts` once its parser is built, from where Ctrl-C is its own to
+handle (``KeyboardInterrupt`` -> exit 130) and SIGTERM still one line and 143 wherever a run
+has not put its own handler in (``launch``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ def is_console_script() -> bool:
 
 
 def _exit_while_starting(signum: int, frame: FrameType | None) -> None:
-    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    os.write(2, f"error: interrupted ({name}) while starting; nothing was run\n".encode())
+    if signum == signal.SIGINT:  # installed for SIGINT during the imports only
+        line = "error: interrupted (Ctrl-C) while starting; nothing was run"
+    else:  # before a run's workers start, or once they are gone: nothing of a step is lost
+        line = "error: stopped by SIGTERM outside a run's steps"
+    os.write(2, f"{line}\n".encode())
     os._exit(128 + signum)  # 130 / 143, as a shell reports a process ended by the signal
 
 
@@ -44,6 +48,7 @@ def quiet_interrupts_while_starting() -> None:
 
 
 def restore_default_interrupts() -> None:
-    """Python's own handlers again: Ctrl-C raises KeyboardInterrupt, SIGTERM ends the process."""
+    """Ctrl-C raises KeyboardInterrupt again (the CLI and a run's driver handle it); SIGTERM
+    keeps ending the process with one line, except where a run puts its own handler in
+    (``launch/process_tree.py`` while Ray starts, ``runtime/preemption.py`` during the run)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)

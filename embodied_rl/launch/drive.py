@@ -13,7 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from embodied_rl.devices import DeviceSpec, actor_options, bundle, device_spec
 from embodied_rl.launch.monitor import Monitor
-from embodied_rl.launch.outcome import RunFailed, RunPreempted, RunResult, stopped_error
+from embodied_rl.launch.outcome import RunPreempted, RunResult, starting_stopped, stopped_error
+from embodied_rl.launch.process_tree import end_processes, signals_held, sigterm_raises
 from embodied_rl.launch.ray_setup import place_workers, record_placement, start_ray
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime import cluster
@@ -39,14 +40,20 @@ def run_workers(
 
     workers_cfg = section(cfg, "workers")
     n = workers_cfg.num_workers
-    started_ray = start_ray(cfg, n, workers_cfg.cpus_per_worker)
-    spec = device_spec(str(cfg.device))
     try:
-        group = place_workers(cfg, n, bundle(spec, workers_cfg.cpus_per_worker))
-    except RunFailed:
-        if started_ray:
-            ray.shutdown()
-        raise
+        with sigterm_raises():
+            started_ray, ray_processes = start_ray(cfg, n, workers_cfg.cpus_per_worker)
+            spec = device_spec(str(cfg.device))
+            try:
+                group = place_workers(cfg, n, bundle(spec, workers_cfg.cpus_per_worker))
+            except BaseException:  # RunFailed, or a signal while the workers are placed
+                with signals_held():
+                    if started_ray:
+                        ray.shutdown()
+                    end_processes(ray_processes)
+                raise
+    except (KeyboardInterrupt, Terminated) as err:
+        raise starting_stopped(err, run_dir) from None
     actors: list[Any] = []
     # SIGTERM: the workers may finish the step in progress (an evaluation stops at once).
     grace_s = section(cfg, "trainer").preempt_grace_s if mode == "train" else 0.0
@@ -66,12 +73,14 @@ def run_workers(
         except (KeyboardInterrupt, Terminated) as err:  # reported below, once workers stopped
             stop = err
     finally:
-        _close_workers(actors)
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(group)
-        if started_ray:
-            ray.shutdown()
+        with signals_held():  # a second Ctrl-C must not leave Ray's processes running
+            _close_workers(actors)
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            remove_placement_group(group)
+            if started_ray:
+                ray.shutdown()
+            end_processes(ray_processes)
     mark_stopped(run_dir)  # the workers are gone: none of them is still in a node
     raise stopped_error(stop, run_dir, mode) from None
 

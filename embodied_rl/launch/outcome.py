@@ -41,6 +41,18 @@ def stopped_error(stop: BaseException, run_dir: Path, mode: str) -> RunInterrupt
     return RunInterrupted(interrupted_message(run_dir, mode))
 
 
+def starting_stopped(stop: BaseException, run_dir: Path) -> RunInterrupted:
+    """Ctrl-C or SIGTERM while Ray was starting: nothing ran, every process it had started
+    was ended."""
+    what, error = (
+        ("SIGTERM", RunPreempted) if isinstance(stop, Terminated) else ("Ctrl-C", RunInterrupted)
+    )
+    return error(
+        f"stopped by {what} while Ray was starting: no step ran and every process it had "
+        f"started was ended; {run_dir} holds no new checkpoint. Run the same command again"
+    )
+
+
 @dataclass
 class RunResult:
     """What a finished run returns: its folder (an evaluation's own), rank 0's final metrics,

@@ -1,0 +1,100 @@
+"""The driver's signal policy for the processes a run starts: SIGINT / SIGTERM at any moment,
+once or twice, end every one of them, and the command ends with one line and 130 / 143.
+
+Ray's embedded cluster is a tree of processes (the GCS server, the raylet, and under it the
+dashboard and runtime-env agents, which ignore SIGTERM); once the raylet exits its agents are
+re-parented to init and no longer ours to find. So the driver takes the list of Ray's
+processes while they are still its descendants (:func:`descendants`, right after
+``ray.init``, or at once when a signal cuts ``ray.init`` short) and, after ``ray.shutdown``,
+ends whatever of that list is still alive (:func:`end_processes`). While it takes everything
+down, further signals are held back (:func:`signals_held`), so that a second Ctrl-C cannot
+leave the tree half shut. SIGTERM before the workers run raises :class:`Terminated`
+(:func:`sigterm_raises`), as Ctrl-C raises ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import psutil
+
+from embodied_rl.runtime.preemption import Terminated
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def descendants() -> list[psutil.Process]:
+    """Every process this one started, directly or not, still running."""
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def end_processes(processes: list[psutil.Process], timeout_s: float = 5.0) -> None:
+    """SIGTERM each process still alive, SIGKILL those left after ``timeout_s``."""
+    alive = [p for p in processes if _running(p)]
+    for process in alive:
+        try:
+            process.terminate()
+        except psutil.Error:
+            continue
+    _, left = psutil.wait_procs(alive, timeout=timeout_s)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(left, timeout=timeout_s)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """Ignore SIGINT / SIGTERM inside (recording them): the clean-up runs to its end."""
+    held: list[int] = []
+    if not _in_main_thread():  # handlers can be set from the main thread only
+        yield held
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in STOP_SIGNALS}
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated("SIGTERM came while the run was starting")
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises :class:`Terminated` (Ray's start-up is Python code that waits
+    on processes and sockets; the run's own handler, ``Preemption``, takes over later)."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
