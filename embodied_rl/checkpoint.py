@@ -27,7 +27,7 @@ every rank reads, as ``finalize`` already does).
 Shards are loaded with ``torch.load(weights_only=True)``, so a shard may contain only tensors
 and plain Python values: dicts, lists, tuples, str, int, float, bool, None (plus torch dtypes,
 devices and sizes). :func:`write_rank_shard` checks this before writing, so a bad state fails
-at save time, not at resume time. :func:`capture_rng_state` returns the RNG states in that form.
+at save time, not at resume time. :func:`embodied_rl.rng_state.capture_rng_state` returns the RNG states in that form.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from collections.abc import Mapping
@@ -462,77 +461,3 @@ def _load_verified_shard(
     if problem:
         raise CorruptCheckpointError(f"checkpoint {ckpt_dir} is corrupt: {problem}")
     return torch.load(ckpt_dir / name, map_location=map_location, weights_only=True)
-
-
-def _accelerator_rng_module() -> Any | None:
-    """``torch.cuda``/``torch.npu``-like module of the current accelerator, if any."""
-    if not torch.accelerator.is_available():
-        return None
-    device = torch.accelerator.current_accelerator()
-    module = torch.get_device_module(device.type)
-    return module if hasattr(module, "get_rng_state_all") else None
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """The torch, numpy (global), Python ``random`` and accelerator RNG states.
-
-    Everything is a tensor or a plain value, so the result can go into a shard and be loaded
-    with ``weights_only=True``.
-    """
-    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
-    py_version, py_state, py_gauss_next = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "name": str(np_name),
-            "keys": torch.from_numpy(np_keys.astype(np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_cached),
-        },
-        "python": {
-            "version": int(py_version),
-            "state": torch.tensor(py_state, dtype=torch.int64),  # 625 values < 2**32
-            "gauss_next": py_gauss_next,
-        },
-    }
-    accelerator = _accelerator_rng_module()
-    if accelerator is not None:
-        state["accelerator"] = list(accelerator.get_rng_state_all())
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Set the RNGs to a state from :func:`capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    np_state = state["numpy"]
-    np.random.set_state(
-        (
-            np_state["name"],
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
-    py_state = state["python"]
-    random.setstate(
-        (py_state["version"], tuple(py_state["state"].tolist()), py_state["gauss_next"])
-    )
-    _restore_accelerator_rng(state.get("accelerator"))
-
-
-def _restore_accelerator_rng(saved: list[torch.Tensor] | None) -> None:
-    accelerator = _accelerator_rng_module()
-    if saved is None or accelerator is None:
-        if saved is not None:
-            logger.warning("checkpoint has accelerator RNG states but no accelerator is present")
-        return
-    if len(saved) != accelerator.device_count():
-        logger.warning(
-            "checkpoint has RNG states of %d devices, %d are visible; not restoring them",
-            len(saved),
-            accelerator.device_count(),
-        )
-        return
-    accelerator.set_rng_state_all(saved)

@@ -55,7 +55,7 @@ class GrpoConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        check_range("eps", self.eps, 0, low_open=True)
+        check_range("eps", self.eps, 0)
 
 
 def _gather_rewards_and_groups(
@@ -138,7 +138,7 @@ class ReinforcePPConfig:
 
     def __post_init__(self) -> None:
         check_range("gamma", self.gamma, 0, 1)
-        check_range("eps", self.eps, 0, low_open=True)
+        check_range("eps", self.eps, 0)
 
 
 def _reinforce_pp_reads(cfg: ReinforcePPConfig) -> tuple[str, ...]:
@@ -193,7 +193,7 @@ class GaeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, ("gamma", "lam"), 0, 1)
-        check_range("eps", self.eps, 0, low_open=True)
+        check_range("eps", self.eps, 0)
         if self.reward_source not in REWARD_SOURCES:
             raise ValueError(
                 f"reward_source must be one of {REWARD_SOURCES}, got {self.reward_source!r}"
@@ -269,7 +269,7 @@ class MarftAdvantageConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        check_range("eps", self.eps, 0, low_open=True)
+        check_range("eps", self.eps, 0)
         if len(self.agents) < 2 or len(set(self.agents)) != len(self.agents):
             raise ValueError(
                 f"advantage.marft needs two or more distinct agents in acting order, got "

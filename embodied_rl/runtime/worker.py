@@ -28,6 +28,7 @@ from embodied_rl.dag.planner import RunNode, plan_dag, process_groups
 from embodied_rl.dag.spec import DagSpec
 from embodied_rl.devices import device_spec
 from embodied_rl.metrics import RunLogger, reduce_records
+from embodied_rl.rng_state import capture_rng_state, restore_rng_state
 from embodied_rl.runtime.config import dag_from_config, load_all_plugins, section
 from embodied_rl.runtime.context import (
     STOP_REQUESTED,
@@ -333,7 +334,7 @@ class DAGWorker:
             "elapsed_s": self._elapsed_s(),
             "models": self.models.state_dict(),
             "nodes": {name: ex.state_dict() for name, ex in self.executors.items()},
-            "rng": checkpoint.capture_rng_state(),
+            "rng": capture_rng_state(),
         }
         root = self._checkpoint_root()
         try:
@@ -370,7 +371,7 @@ class DAGWorker:
             for name, nodes in state["nodes"].items():
                 if name in self.executors:
                     self.executors[name].load_state_dict(nodes)
-        checkpoint.restore_rng_state(state["rng"])
+        restore_rng_state(state["rng"])
         self.start_step = int(state["step"])
         self._elapsed_before = float(state.get("elapsed_s", 0.0))
 

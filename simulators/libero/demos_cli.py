@@ -18,6 +18,7 @@ stopped, and a rebuild is checked equal by comparing two ``demos.json``.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -193,7 +194,11 @@ def demos_command(
             "the same command with --resume goes on from there",
             file=sys.stderr,
         )
-        return 128 + stop.signum
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Now, not through the interpreter's exit: its hook would join the dead pool's
+        # management thread, which can wait forever once the workers were terminated.
+        os._exit(128 + stop.signum)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -352,9 +357,15 @@ def _raise_stopped(signum: int, frame: Any) -> None:
 
 
 def end_children(timeout_s: float = 5.0) -> None:
-    """Terminate every process this one started (the pool's workers, multiprocessing's
-    resource tracker), killing those still alive after ``timeout_s``."""
-    children = psutil.Process().children(recursive=True)
+    """Terminate the processes this one started (the pool's workers), killing those still
+    alive after ``timeout_s``. multiprocessing's resource tracker is left to end by itself:
+    it does when the last process holding its pipe (this one) exits, and ended early it is
+    relaunched with warnings."""
+    children = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
     for child in children:
         child.terminate()
     _, alive = psutil.wait_procs(children, timeout=timeout_s)

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from embodied_rl.checkpoint import (
-    capture_rng_state,
     finalize,
     latest_checkpoint,
     load_rank_shard,
-    restore_rng_state,
     write_rank_shard,
 )
+from embodied_rl.rng_state import capture_rng_state, restore_rng_state
 
 
 def _state(rank: int, step: int) -> dict:

@@ -35,7 +35,10 @@ def test_a_signal_ends_the_driver_and_every_child(tmp_path, signum, code):
     driver.send_signal(signum)
     err = driver.communicate(timeout=60)[1]
     assert driver.returncode == code, err
+    # After Ctrl-C, multiprocessing's resource tracker (which outlives the pool by design and
+    # ends with the driver) may add its note on the semaphores it frees: its lines are its own.
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("[robosuite")]
+    lines = [x for x in lines if "resource_tracker" not in x]
     assert len(lines) == 1 and lines[0].startswith("error: stopped by SIG"), err
     assert "--resume goes on from there" in lines[0]
     gone, alive = psutil.wait_procs(children, timeout=10)

@@ -301,9 +301,11 @@ def test_vector_env_contract(env):
 def test_video_frames_are_limited_to_the_offscreen_buffer():
     """Known without LIBERO (config validation asks): LIBERO's models draw at most 480 px."""
     limits = SIMULATORS.get("libero").limits({"suite": "libero_goal"})
-    assert limits == {"max_render_size": 480, "num_tasks": 10, "num_init_states": 50}
+    expected = {"max_render_size": 480, "state_dim": 8, "num_tasks": 10, "num_init_states": 50}
+    assert limits == expected  # state_dim: eef position, axis-angle, 2 finger joints
     assert SIMULATORS.get("libero").limits({"suite": "x", "max_steps": 9}) == {
-        "max_render_size": 480
+        "max_render_size": 480,
+        "state_dim": 8,
     }
 
 
