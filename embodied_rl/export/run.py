@@ -27,7 +27,7 @@ from embodied_rl.runtime.config import load_all_plugins
 from embodied_rl.runtime.config_compose import one_line
 from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.init_from import RUN_CONFIG, InitFromError, InitSource, load_init_state
-from embodied_rl.runtime.path_guard import check_apart
+from embodied_rl.runtime.path_guard import check_apart, relation
 
 CRITIC_FOLDER = "critic"
 
@@ -134,7 +134,7 @@ def _check_out(out: Path, run_dir: Path, force: bool) -> None:
             f"export: --out {out} is not empty",
             "choose a new or empty folder, or add --force to replace its contents",
         )
-    if out == Path.cwd().resolve() or out in Path.cwd().resolve().parents:
+    if relation(out, Path.cwd()) in ("is", "contains"):
         raise ConfigError(
             f"export: --out {out} holds the working directory, which --force would delete",
             "choose a folder of its own for the export",
