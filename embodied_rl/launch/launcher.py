@@ -94,7 +94,7 @@ def launch(
     else:
         check_apart("run_dir", run_dir, inputs, APART_FIX)
         check_not_held(run_dir)  # before overwrite=true could empty a live run's folder
-        prepare_train_folder(cfg, run_dir)
+        cfg = prepare_train_folder(cfg, run_dir)
         checkpoints = run_dir / "checkpoints"
     create_run_folder(run_dir)
     lock = RunLock(checkpoints.parent, command).acquire()  # the run's folder: one writer

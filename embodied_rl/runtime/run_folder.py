@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from embodied_rl.checkpoint import latest_checkpoint, read_manifest
 from embodied_rl.runtime.config import dag_from_config, section
@@ -122,14 +122,20 @@ def _is_empty(run_dir: Path) -> bool:
     return not run_dir.exists() or all(p.name == LOCK_FILE for p in run_dir.iterdir())
 
 
-def prepare_train_folder(cfg: DictConfig, run_dir: Path) -> None:
+def prepare_train_folder(cfg: DictConfig, run_dir: Path) -> DictConfig:
     """Check ``run_dir`` for a training run, and with ``overwrite=true`` empty it.
 
     - ``resume=true``: the folder must hold a checkpoint and, where it has a saved config,
-      one of the same run (:func:`run_identity`);
+      one of the same run (:func:`run_identity`). A run of the same config that stopped
+      before its first checkpoint has nothing to continue from: it starts again from its
+      first step in the same folder (a requeued job that always passes ``resume=true``, the
+      hint of a run stopped that early);
     - a fresh run: the folder must be new or empty, unless ``overwrite=true``, which removes
       everything in it (the old run's config, metrics, checkpoints, evaluations and any other
       file there); only a run folder (one with a saved ``config.yaml``) is overwritten.
+
+    Returns:
+        ``cfg``, or a copy with ``resume=false`` where a resume starts from the first step.
 
     Raises:
         ConfigError: the folder cannot be used; nothing has been written or removed.
@@ -140,20 +146,44 @@ def prepare_train_folder(cfg: DictConfig, run_dir: Path) -> None:
             "resume=true and overwrite=true contradict each other",
             "resume=true continues the run in run_dir; overwrite=true replaces it: set one",
         )
+    if resume and _stopped_before_a_checkpoint(cfg, run_dir):
+        print(
+            f"note: {run_dir} holds this run stopped before its first checkpoint; nothing to "
+            "resume from, so it starts again from its first step there",
+            file=sys.stderr,
+        )
+        remove_contents(run_dir)
+        fresh = cfg.copy()
+        with open_dict(fresh):
+            fresh.resume = False
+        return fresh
     if resume:
         _check_resumable(cfg, run_dir)
     elif not _is_empty(run_dir):
         _check_replaceable(cfg, run_dir, overwrite)
         remove_contents(run_dir)
+    return cfg
 
 
-def _check_resumable(cfg: DictConfig, run_dir: Path) -> None:
+def _stopped_before_a_checkpoint(cfg: DictConfig, run_dir: Path) -> bool:
+    """A folder of this very run (its saved config) with no complete checkpoint."""
+    if not (run_dir / SAVED_CONFIG).is_file() or _has_checkpoint(run_dir):
+        return False
+    _check_same_run_to_resume(cfg, run_dir)
+    return True
+
+
+def _check_same_run_to_resume(cfg: DictConfig, run_dir: Path) -> None:
     check_same_run(
         cfg,
         run_dir,
         f"resume that run with the config it was trained with, or point run_dir at a run of "
         f"{cfg.get('name')!r}",
     )
+
+
+def _check_resumable(cfg: DictConfig, run_dir: Path) -> None:
+    _check_same_run_to_resume(cfg, run_dir)
     if not _has_checkpoint(run_dir):
         raise ConfigError(
             f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint",

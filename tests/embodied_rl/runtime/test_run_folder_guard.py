@@ -211,3 +211,29 @@ def test_a_start_that_failed_before_its_first_step_is_started_again_in_place(tmp
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")  # a step completed
     with pytest.raises(ConfigError, match="already holds a run of 'srpo_reach'"):
         prepare_train_folder(cfg, run_dir)
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(tmp_path, capsys):
+    """Ctrl-C before the first checkpoint named resume=true, which was refused ("no complete
+    checkpoint"); a requeued job that always passes resume=true failed the same way."""
+    from omegaconf import OmegaConf
+
+    from embodied_rl.runtime.config import compose
+    from embodied_rl.runtime.config_errors import ConfigError
+    from embodied_rl.runtime.run_folder import prepare_train_folder
+
+    run_dir = tmp_path / "run"
+    cfg = compose("srpo_reach", [*REACH, "resume=true", f"run_dir={run_dir}"])
+    run_dir.mkdir()
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")  # never checkpointed
+    (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)  # a write cut short: unsealed
+    started = prepare_train_folder(cfg, run_dir)
+    assert "stopped before its first checkpoint" in capsys.readouterr().err
+    assert started.resume is False and cfg.resume is True  # the caller's config is left alone
+    assert list(run_dir.iterdir()) == []
+    other = compose("grpo_llm", ["resume=true", f"run_dir={run_dir}"])
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    with pytest.raises(ConfigError, match="'srpo_reach'"):  # another run's is still refused
+        prepare_train_folder(other, run_dir)
+    assert (run_dir / "config.yaml").is_file()
