@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from embodied_rl.devices import DeviceSpec, actor_options, bundle, device_spec
 from embodied_rl.launch.monitor import Monitor
 from embodied_rl.launch.outcome import RunPreempted, RunResult, starting_stopped, stopped_error
-from embodied_rl.launch.process_tree import end_processes, signals_held, sigterm_raises
+from embodied_rl.launch.process_tree import signals_held, sigterm_raises
 from embodied_rl.launch.ray_setup import place_workers, record_placement, start_ray
 from embodied_rl.metrics import ProgressBar
 from embodied_rl.runtime import cluster
@@ -50,7 +50,7 @@ def run_workers(
                 with signals_held():
                     if started_ray:
                         ray.shutdown()
-                    end_processes(ray_processes)
+                    ray_processes.end()
                 raise
     except (KeyboardInterrupt, Terminated) as err:
         raise starting_stopped(err, run_dir) from None
@@ -80,7 +80,7 @@ def run_workers(
             remove_placement_group(group)
             if started_ray:
                 ray.shutdown()
-            end_processes(ray_processes)
+            ray_processes.end()
     mark_stopped(run_dir)  # the workers are gone: none of them is still in a node
     raise stopped_error(stop, run_dir, mode) from None
 

@@ -2,11 +2,12 @@
 once or twice, end every one of them, and the command ends with one line and 130 / 143.
 
 Ray's embedded cluster is a tree of processes (the GCS server, the raylet, and under it the
-dashboard and runtime-env agents, which ignore SIGTERM); once the raylet exits its agents are
-re-parented to init and no longer ours to find. So the driver takes the list of Ray's
-processes while they are still its descendants (:func:`descendants`, right after
-``ray.init``, or at once when a signal cuts ``ray.init`` short) and, after ``ray.shutdown``,
-ends whatever of that list is still alive (:func:`end_processes`). While it takes everything
+dashboard and runtime-env agents, which ignore SIGTERM); once the raylet exits its agents would
+be re-parented to init and no longer ours to find. So the driver makes itself their
+subreaper on Linux (:func:`adopt_orphans`: an orphaned descendant is re-parented to it, not
+to init), notes what ran before Ray started and, after ``ray.shutdown``, ends every
+descendant started since (:class:`StartedProcesses`), an agent the raylet spawned after the
+list was taken included. While it takes everything
 down, further signals are held back (:func:`signals_held`), so that a second Ctrl-C cannot
 leave the tree half shut. SIGTERM before the workers run raises :class:`Terminated`
 (:func:`sigterm_raises`), as Ctrl-C raises ``KeyboardInterrupt``.
@@ -14,7 +15,9 @@ leave the tree half shut. SIGTERM before the workers run raises :class:`Terminat
 
 from __future__ import annotations
 
+import ctypes
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +36,40 @@ def descendants() -> list[psutil.Process]:
         return psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def adopt_orphans() -> None:
+    """Linux: descendants orphaned from now on are re-parented to this process, not init."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: orphans go to init, as before
+        return
+
+
+class StartedProcesses:
+    """The processes started since this object was made (an embedded Ray cluster's)."""
+
+    def __init__(self) -> None:
+        adopt_orphans()
+        self.before = {p.pid for p in descendants()}
+        self.listed: list[psutil.Process] = []
+
+    def take_list(self) -> None:
+        """Lists what was started so far (while the raylet lives, its agents are ours)."""
+        self.listed = self.now()
+
+    def now(self) -> list[psutil.Process]:
+        return [p for p in descendants() if p.pid not in self.before]
+
+    def end(self) -> None:
+        """Ends the listed ones and every descendant started since, orphans adopted too."""
+        listed = {p.pid for p in self.listed}
+        end_processes(self.listed + [p for p in self.now() if p.pid not in listed])
 
 
 def end_processes(processes: list[psutil.Process], timeout_s: float = 5.0) -> None:

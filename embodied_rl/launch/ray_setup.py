@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from embodied_rl.devices import bundle, device_spec
 from embodied_rl.launch.outcome import RunFailed
-from embodied_rl.launch.process_tree import descendants, end_processes, signals_held
+from embodied_rl.launch.process_tree import StartedProcesses, signals_held
 from embodied_rl.runtime import cluster
 from embodied_rl.runtime.config import section
 from embodied_rl.runtime.preemption import Terminated
@@ -51,12 +51,14 @@ def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -
     }
 
 
-def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> tuple[bool, list[Any]]:
+def start_ray(
+    cfg: DictConfig, num_workers: int, cpus_per_worker: float
+) -> tuple[bool, StartedProcesses]:
     """Connect to ``ray.address`` or start an embedded cluster.
 
     Returns:
         Whether this call started Ray, and the processes it started (an embedded cluster's,
-        to end after ``ray.shutdown``: ``launch/process_tree.py``).
+        to ``end()`` after ``ray.shutdown``: ``launch/process_tree.py``).
 
     Raises:
         RunFailed: ``ray.address`` cannot be reached or joined (the message says the fix).
@@ -66,8 +68,8 @@ def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> tupl
     import ray
 
     if ray.is_initialized():
-        return False, []
-    before = {p.pid for p in descendants()}
+        return False, StartedProcesses()
+    started = StartedProcesses()
     handler = signal.getsignal(signal.SIGTERM)  # ray.init puts its own in (sys.exit(15))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs = ray_init_kwargs(cfg, num_workers, cpus_per_worker)
@@ -81,17 +83,18 @@ def start_ray(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> tupl
     except ConnectionError as err:
         raise RunFailed(str(cluster.connect_error(kwargs["address"], err))) from None
     except BaseException as err:  # a signal in the middle of it: end what was started
-        started = [p for p in descendants() if p.pid not in before]
+        started.take_list()
         with signals_held():
             ray.shutdown()
-            end_processes(started)
+            started.end()
         if isinstance(err, SystemExit) and err.code == signal.SIGTERM:  # Ray's handler
             raise Terminated("SIGTERM came while Ray was starting") from None
         raise
     finally:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)
-    return not joining, [p for p in descendants() if p.pid not in before]
+    started.take_list()
+    return not joining, started
 
 
 def place_workers(cfg: DictConfig, n: int, worker_bundle: dict[str, float]) -> Any:

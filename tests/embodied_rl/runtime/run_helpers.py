@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 from omegaconf import DictConfig, open_dict
 
 
@@ -69,3 +70,45 @@ def with_hang_before_train(cfg: DictConfig, rank: int, step: int, hang_s: float)
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     """The rows of a run's ``metrics.jsonl``, one per step."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable_numbers(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The rows without wall times, rates and memory (they differ between any two runs)."""
+    return [
+        {
+            k: v
+            for k, v in r.items()
+            if not (k.startswith(("time/", "memory/")) or k.endswith("_per_s"))
+        }
+        for r in rows
+    ]
+
+
+def ray_processes() -> set[int]:
+    """Live (not zombie) processes of any Ray cluster on this machine, by pid."""
+    found = set()
+    for process in psutil.process_iter(["cmdline", "status"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if any(name in line for name in ("ray::", "raylet", "gcs_server")):
+            if process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.add(process.pid)
+    return found
+
+
+def ray_strays(before: set[int]) -> list[str]:
+    """Ray processes started since ``before`` that descend from none of ``before``.
+
+    A Ray cluster already up on the machine (the tests' shared one) keeps starting and ending
+    workers of its own; those are its raylet's children, not a run's orphans.
+    """
+    strays = []
+    for pid in ray_processes() - before:
+        try:
+            process = psutil.Process(pid)
+            if not any(parent.pid in before for parent in process.parents()):
+                strays.append(
+                    f"{pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:300]}"
+                )
+        except psutil.NoSuchProcess:
+            continue
+    return strays

@@ -28,6 +28,7 @@ from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.worker import status_path
 from tests.embodied_rl.runtime.run_helpers import (
     cli_train_command,
+    comparable_numbers,
     read_metrics,
     with_hang_before_train,
 )
@@ -61,18 +62,6 @@ def _config(run_dir: Path, *overrides: str, hang_at: int = -1) -> Any:
     """
     cfg = compose("srpo_reach", [*SMALL, f"run_dir={run_dir}", *overrides])
     return with_hang_before_train(cfg, 0, hang_at, HANG_S)
-
-
-def _numbers(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    """The rows without wall times, rates and memory (they differ between any two runs)."""
-    return [
-        {
-            k: v
-            for k, v in r.items()
-            if not (k.startswith(("time/", "memory/")) or k.endswith("_per_s"))
-        }
-        for r in rows
-    ]
 
 
 def _status(run_dir: Path, rank: int = 0) -> dict[str, Any]:
@@ -142,7 +131,9 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resume_matches_an_uninterrup
     assert [row["step"] for row in resumed] == list(range(TOTAL_STEPS))
     assert "eval/success_rate" in resumed[-1]  # an evaluation after the resume too
     assert any(row["loss/policy"] != 0.0 for row in full[stopped:])  # the policy learns there
-    assert _numbers(resumed) == _numbers(full)  # exactly, every step after the resume too
+    assert comparable_numbers(resumed) == comparable_numbers(
+        full
+    )  # exactly, every step after the resume too
     assert _status(run_dir)["phase"] == "done"
 
 

@@ -33,7 +33,13 @@ from embodied_rl.launch.launcher import launch
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.worker import status_path
-from tests.embodied_rl.runtime.run_helpers import cli_train_command, read_metrics
+from tests.embodied_rl.runtime.run_helpers import (
+    cli_train_command,
+    comparable_numbers,
+    ray_processes,
+    ray_strays,
+    read_metrics,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -65,42 +71,6 @@ def _moment(seed: int) -> tuple[signal.Signals, str, float]:
     if seed % 3 == 0:
         return signum, "start-up", draw.uniform(0.5, START_UP_S)
     return signum, "steps", draw.uniform(0.0, STEPS_S)
-
-
-def _numbers(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    """The rows without wall times, rates and memory (they differ between any two runs)."""
-    return [
-        {
-            k: v
-            for k, v in r.items()
-            if not (k.startswith(("time/", "memory/")) or k.endswith("_per_s"))
-        }
-        for r in rows
-    ]
-
-
-def _ray_processes() -> set[int]:
-    found = set()
-    for process in psutil.process_iter(["cmdline", "status"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if any(name in line for name in ("ray::", "raylet", "gcs_server")):
-            if process.info["status"] != psutil.STATUS_ZOMBIE:
-                found.add(process.pid)
-    return found
-
-
-def _strays(before: set[int]) -> list[str]:
-    """Ray processes started since ``before`` that descend from none of ``before`` (the
-    tests' shared cluster starts and ends workers of its own; they are its raylet's)."""
-    strays = []
-    for pid in _ray_processes() - before:
-        try:
-            process = psutil.Process(pid)
-            if not any(parent.pid in before for parent in process.parents()):
-                strays.append(f"{pid}: {' '.join(process.cmdline())[:80]}")
-        except psutil.NoSuchProcess:
-            continue
-    return strays
 
 
 def _ready(run_dir: Path) -> bool:
@@ -140,13 +110,13 @@ def _interrupt(run_dir: Path, signum: signal.Signals, phase: str, delay_s: float
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     cfg = compose("srpo_reach", [*RUN, f"run_dir={run_dir}"])
-    return _numbers(read_metrics(launch(cfg, show_progress=False).run_dir))
+    return comparable_numbers(read_metrics(launch(cfg, show_progress=False).run_dir))
 
 
 def _case(seed: int, tmp_path: Path, uninterrupted: list[dict[str, Any]]) -> None:
     signum, phase, delay_s = _moment(seed)
     run_dir = tmp_path / "run"
-    before = _ray_processes()
+    before = ray_processes()
     code, err, seen = _interrupt(run_dir, signum, phase, delay_s)
 
     expected = 143 if signum == signal.SIGTERM else 130
@@ -157,7 +127,7 @@ def _case(seed: int, tmp_path: Path, uninterrupted: list[dict[str, Any]]) -> Non
     _, alive = psutil.wait_procs(seen, timeout=20)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
-    assert not _strays(before)
+    assert not ray_strays(before)
 
     # The retry the error line names: resume=true, or the same command again.
     resume = ["resume=true"] if errors and f"resume=true run_dir={run_dir}" in errors[0] else []
@@ -171,7 +141,7 @@ def _case(seed: int, tmp_path: Path, uninterrupted: list[dict[str, Any]]) -> Non
             pytest.fail(f"{errors[0]}\nthen: {refused}")
     resumed = read_metrics(run_dir)
     assert [row["step"] for row in resumed] == list(range(TOTAL_STEPS))
-    assert _numbers(resumed) == uninterrupted
+    assert comparable_numbers(resumed) == uninterrupted
 
 
 def test_the_uninterrupted_run_learns_something_to_compare(uninterrupted):

@@ -14,36 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.embodied_rl.runtime.run_helpers import ray_processes, ray_strays
+
 SCRIPT = Path(sys.executable).with_name("embodied-rl")
-
-
-def _ray_processes() -> set[int]:
-    """Live (not zombie) processes of any Ray cluster on this machine, by pid."""
-    found = set()
-    for process in psutil.process_iter(["cmdline", "status"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if ("ray::" in line or "raylet" in line or "gcs_server" in line) and process.info[
-            "status"
-        ] != psutil.STATUS_ZOMBIE:
-            found.add(process.pid)
-    return found
-
-
-def _started_since(before: set[int]) -> list[str]:
-    """Ray processes that were not running in ``before`` and do not descend from one that was.
-
-    A Ray cluster already up on the machine (another test's, in the same pytest process) keeps
-    starting and ending its own workers; those are children of its raylet and not the run's.
-    """
-    strays = []
-    for pid in _ray_processes() - before:
-        try:
-            process = psutil.Process(pid)
-            if not any(parent.pid in before for parent in process.parents()):
-                strays.append(f"{pid}: {' '.join(process.cmdline())[:80]}")
-        except psutil.NoSuchProcess:
-            continue
-    return strays
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -59,7 +32,7 @@ def _tree(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_while_ray_starts_ends_every_process(tmp_path, signum, code):
     args = ["train", "--config-name", "grpo_llm", "trainer.total_steps=1", f"run_dir={tmp_path}"]
-    before = _ray_processes()
+    before = ray_processes()
     driver = subprocess.Popen([str(SCRIPT), *args], stderr=subprocess.PIPE, text=True)
     seen: dict[int, psutil.Process] = {}
     started = time.monotonic()
@@ -76,4 +49,4 @@ def test_a_signal_while_ray_starts_ends_every_process(tmp_path, signum, code):
     _, alive = psutil.wait_procs(list(seen.values()), timeout=15)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
-    assert not _started_since(before)  # none re-parented away either
+    assert not ray_strays(before)  # none re-parented away either
