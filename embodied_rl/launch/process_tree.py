@@ -54,6 +54,8 @@ def adopt_orphans() -> None:
 class StartedProcesses:
     """The processes started since this object was made (an embedded Ray cluster's)."""
 
+    ROUNDS = 3  # of ending what is still running after the first
+
     def __init__(self) -> None:
         adopt_orphans()
         self.before = {p.pid for p in descendants()}
@@ -64,12 +66,37 @@ class StartedProcesses:
         self.listed = self.now()
 
     def now(self) -> list[psutil.Process]:
-        return [p for p in descendants() if p.pid not in self.before]
+        """Descendants started since, without those of processes that ran before: a command
+        this process had started earlier (a second run with its own Ray cluster) is not ours
+        to end, nor is anything under it."""
+        return _descendants_outside(psutil.Process(), self.before)
 
     def end(self) -> None:
         """Ends the listed ones and every descendant started since, orphans adopted too."""
         listed = {p.pid for p in self.listed}
         end_processes(self.listed + [p for p in self.now() if p.pid not in listed])
+        # A raylet can spawn an agent between the list above and its own SIGTERM (the window
+        # widens on a loaded machine): the agent is adopted here and ended in the next round.
+        for _ in range(self.ROUNDS):
+            left = [p for p in self.now() if _running(p)]
+            if not left:
+                return
+            end_processes(left)
+
+
+def _descendants_outside(root: psutil.Process, excluded: set[int]) -> list[psutil.Process]:
+    """``root``'s descendants, depth first, not entering the subtree of an ``excluded`` pid."""
+    found: list[psutil.Process] = []
+    try:
+        children = root.children()
+    except psutil.Error:
+        return found
+    for child in children:
+        if child.pid in excluded:
+            continue
+        found.append(child)
+        found.extend(_descendants_outside(child, excluded))
+    return found
 
 
 def end_processes(processes: list[psutil.Process], timeout_s: float = 5.0) -> None:
