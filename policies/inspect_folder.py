@@ -118,16 +118,18 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
     if (folder / "lora_adapter").is_dir():
         out.facts.append(("not read", "lora_adapter/ (its adapter is merged into the weights)"))
     where = "models.actor"
-    out.overrides = [f"{where}.policy={policy}", f"{where}.options.preset=null"]
-    out.overrides.append(f"{where}.options.path={folder}")
+    # `++` adds the key or overrides it: a config's file lists only some of a policy's options
+    # (a plain `options.path=` is refused there as an unknown key).
+    out.overrides = [f"{where}.policy={policy}", f"++{where}.options.preset=null"]
+    out.overrides.append(f"++{where}.options.path={folder}")
     if oft:
-        out.overrides.append(f"{where}.options.use_continuous_head={str(bool(head)).lower()}")
-        out.overrides.append(f"{where}.options.use_proprio={str(bool(proprio)).lower()}")
-        out.overrides.append(f"{where}.options.center_crop=true")
+        out.overrides.append(f"++{where}.options.use_continuous_head={str(bool(head)).lower()}")
+        out.overrides.append(f"++{where}.options.use_proprio={str(bool(proprio)).lower()}")
+        out.overrides.append(f"++{where}.options.center_crop=true")
     if len(stats) > 1:
-        out.overrides.append(f"{where}.options.unnorm_key=<one of the statistics above>")
+        out.overrides.append(f"++{where}.options.unnorm_key=<one of the statistics above>")
     if dtype in ("bfloat16", "float16"):
-        out.overrides.append(f"{where}.options.dtype={dtype}")
+        out.overrides.append(f"++{where}.options.dtype={dtype}")
     return out
 
 
@@ -162,7 +164,7 @@ def describe_vjepa2(folder: Path, config: dict[str, Any]) -> Description:
     count, dtypes = tensor_census(folder)
     out.facts.append(("parameters", f"{_size(count)} ({_main_dtype(dtypes)})"))
     where = "models.video_encoder"
-    out.overrides = [f"{where}.policy=video_encoder.vjepa2", f"{where}.options.path={folder}"]
+    out.overrides = [f"{where}.policy=video_encoder.vjepa2", f"++{where}.options.path={folder}"]
     return out
 
 
@@ -172,8 +174,8 @@ def describe_causal_lm(folder: Path, config: dict[str, Any]) -> Description:
     out.facts.append(("model type", str(config.get("model_type"))))
     out.facts.append(("parameters", f"{_size(count)} ({_main_dtype(dtypes)})"))
     where = "models.actor"
-    out.overrides = [f"{where}.policy=causal_lm", f"{where}.options.preset=null"]
-    out.overrides.append(f"{where}.options.path={folder}")
+    out.overrides = [f"{where}.policy=causal_lm", f"++{where}.options.preset=null"]
+    out.overrides.append(f"++{where}.options.path={folder}")
     return out
 
 
@@ -190,7 +192,7 @@ def describe_run(folder: Path) -> Description:
     for name, spec in (cfg.get("models") or {}).items():
         if spec.get("trainable", True):
             out.facts.append((f"models.{name}", f"{spec.policy} {dict(spec.get('options') or {})}"))
-            out.overrides.append(f"models.{name}.init_from={folder}")
+            out.overrides.append(f"++models.{name}.init_from={folder}")
     if latest is None:
         out.warnings.append("no complete checkpoint: init_from refuses it")
     return out

@@ -338,4 +338,4 @@ def test_inspect_describes_a_causal_lm_folder(tmp_path, capsys):
         config.tie_word_embeddings
     )
     assert "Qwen2ForCausalLM (a Hugging Face causal LM)" in out and f"{count / 1e3:.2f} k" in out
-    assert "models.actor.policy=causal_lm models.actor.options.preset=null" in out
+    assert "models.actor.policy=causal_lm ++models.actor.options.preset=null" in out

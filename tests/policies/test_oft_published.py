@@ -190,14 +190,18 @@ def test_inspect_says_what_the_published_folder_holds_and_how_to_use_it(folder, 
     assert "lora_adapter/" in out and "acts on the agent camera alone" in out
     overrides = out.strip().splitlines()[-1].split()
     assert "models.actor.policy=openvla_oft" in overrides
-    assert "models.actor.options.use_continuous_head=true" in overrides
-    assert "models.actor.options.use_proprio=true" in overrides
+    assert "++models.actor.options.use_continuous_head=true" in overrides
+    assert "++models.actor.options.use_proprio=true" in overrides
     # the printed overrides build the model they describe
-    options = dict(o.removeprefix("models.actor.options.").split("=") for o in overrides[1:])
+    options = dict(o.removeprefix("++models.actor.options.").split("=") for o in overrides[1:])
     flags = {k: {"true": True, "false": False, "null": None}.get(v, v) for k, v in options.items()}
     check_checkpoint_options(flags)
     loaded = build_openvla_oft({**flags, "chunk": CHUNK}, CPU)
     assert loaded.action_head is not None and loaded.proprio_projector is not None
+    # and are accepted as printed by a LIBERO config whose file lists only some options
+    cfg = compose("srpo_libero", [*overrides, f"++models.actor.options.chunk={CHUNK}"])
+    validate_config(cfg)
+    assert cfg.models.actor.options.path == str(folder)
 
 
 def test_inspect_refuses_what_it_cannot_load(tmp_path, capsys):
