@@ -20,6 +20,7 @@ from typing import Any
 
 from embodied_rl.runtime.config_errors import ConfigError
 from policies.folder_layout import CONFIG_FILE, STATISTICS_FILE
+from policies.openvla.preprocessor import PREPROCESSOR_FILE
 from policies.openvla_oft.published import side_file, trained_parts
 
 # Images per step of the published OFT LIBERO fine-tunes (third-person + wrist); their
@@ -110,6 +111,9 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
             "this OpenVLA-OFT takes one image per step; a model trained on two acts on the "
             "agent camera alone, not as trained"
         )
+    processor = folder / PREPROCESSOR_FILE
+    read = f"{PREPROCESSOR_FILE} (its mean / std)" if processor.is_file() else None
+    out.facts.append(("image processor", read or "none: the towers' own mean / std"))
     stats = _statistics(folder, config)
     out.facts.append(("statistics", ", ".join(stats) if stats else "none"))
     count, dtypes = tensor_census(folder)

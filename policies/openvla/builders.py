@@ -6,6 +6,7 @@ runs (``tiny_libero_effnet``'s vision tower is the pretrained EfficientNet-Lite0
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from policies.openvla.configuration import (
 from policies.openvla.libero_words import build_libero_word_tokenizer
 from policies.openvla.loading import load_weights, read_checkpoint
 from policies.openvla.policy_base import VLAPolicyBase
+from policies.openvla.preprocessor import PREPROCESSOR_FILE, read_preprocessing
 from policies.openvla.prismatic import PrismaticVLA
 
 if TYPE_CHECKING:  # type only: importing ``policies`` must not import transformers
@@ -55,6 +57,7 @@ def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.de
             vla = PrismaticVLA(checkpoint.architecture)
             policy = cls(vla, tokenizer, options, checkpoint.norm_stats)
         load_weights(policy, checkpoint.folder)
+        _use_processor_normalization(policy, checkpoint.folder, checkpoint.architecture.image_size)
     rows = policy.vla.language_model.get_output_embeddings().weight.shape[0]
     if len(tokenizer) > rows:
         raise ValueError(f"tokenizer has {len(tokenizer)} ids, the LM only {rows} output rows")
@@ -62,6 +65,21 @@ def build_policy(cls: type[VLAPolicyBase], options: VLAOptions, device: torch.de
     if options.gradient_checkpointing:
         policy.vla.language_model.gradient_checkpointing_enable()
     return policy.eval()
+
+
+def _use_processor_normalization(policy: VLAPolicyBase, folder: Path, image_size: int) -> None:
+    """The towers' mean / std from the checkpoint's ``preprocessor_config.json``, if it has one
+    (the values the published models were trained with: ``preprocessor.py``)."""
+    towers = read_preprocessing(folder, image_size)
+    if towers is None:
+        return
+    backbone = policy.vla.vision_backbone
+    if not hasattr(backbone, "set_normalization"):
+        raise ValueError(
+            f"{folder} has {PREPROCESSOR_FILE} for two ViT towers, but its vision backbone is "
+            f"{type(backbone).__name__}; remove the file or the backbone setting"
+        )
+    backbone.set_normalization(towers)
 
 
 def _tokenizer(path: str | None) -> PreTrainedTokenizerBase | None:

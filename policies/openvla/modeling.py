@@ -21,6 +21,7 @@ from embodied_rl.registry import POLICIES
 from policies.openvla.builders import build_policy
 from policies.openvla.configuration import ACTION_DIM, OpenVLAConfig
 from policies.openvla.policy_base import VLAPolicyBase
+from policies.openvla.preprocessor import check_processor_file
 from policies.openvla.sampling import categorical_scores, sample_action_index
 
 
@@ -161,3 +162,4 @@ def build_openvla(options: Mapping[str, Any], device: torch.device | str) -> Ope
 # What an ``init_from`` checkpoint must agree on (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla.architecture_options = OpenVLAConfig.architecture_options
 build_openvla.state_size = OpenVLAConfig.state_size_of
+build_openvla.check_options = check_processor_file  # a path checkpoint's processor file

@@ -13,7 +13,7 @@ optimizer or DDP bucket waits for gradients that never come.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +26,8 @@ from embodied_rl.checks import check_range
 # importing ``policies``, which every worker process and CLI call does, must not pay for it.
 if TYPE_CHECKING:
     from timm.models.vision_transformer import VisionTransformer
+
+    from policies.openvla.preprocessor import TowerNormalization
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -113,6 +115,11 @@ class FusedVisionBackbone(nn.Module):
 
     def towers(self) -> tuple[VisionTransformer, VisionTransformer]:
         return self.featurizer, self.fused_featurizer
+
+    def set_normalization(self, towers: Sequence[TowerNormalization]) -> None:
+        """Each tower's mean / std as a checkpoint's processor file gives them."""
+        self.pixel_mean = tuple(c for tower in towers for c in tower.mean)
+        self.pixel_std = tuple(c for tower in towers for c in tower.std)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """(N, 3, S, S) in [0, 1] -> (N, 6, S, S): each tower's normalisation, stacked."""

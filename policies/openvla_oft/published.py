@@ -41,6 +41,7 @@ import torch
 
 from embodied_rl.runtime.config_errors import ConfigError
 from policies.folder_layout import INDEX_FILE
+from policies.openvla.preprocessor import check_processor_file
 
 # Published file stem -> the attribute of our policy that holds the module.
 SIDE_MODULES = {"action_head": "action_head", "proprio_projector": "proprio_projector"}
@@ -137,7 +138,8 @@ def check_checkpoint_options(options: Mapping[str, Any], where: str = "models.ac
 
     Raises:
         ConfigError: an L1 head or proprio projector in the files with the option off, or the
-            option on with no such file; the message names the file and the override.
+            option on with no such file; the message names the file and the override. Or a
+            ``preprocessor_config.json`` the policy would not follow.
     """
     path = options.get("path")
     if path is None:
@@ -145,6 +147,7 @@ def check_checkpoint_options(options: Mapping[str, Any], where: str = "models.ac
     folder = Path(path).expanduser()
     if not folder.is_dir():
         return  # the builder's own error names the missing folder
+    check_processor_file(options, where)
     for option, held in trained_parts(folder).items():
         wanted = bool(options.get(option, False))
         if held is not None and not wanted:
