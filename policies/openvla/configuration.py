@@ -26,6 +26,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 PRESETS = ("tiny", "tiny_libero", "tiny_libero_64", "tiny_libero_effnet")
+FRAME_RESIZES = ("bicubic", "oft_libero")  # VLAOptions.frame_resize
 # VLAArchitecture.vision_backbone: the published two-ViT backbone (vision.py), or one frozen
 # ImageNet EfficientNet-Lite0 (efficientnet_tower.py).
 FUSED_VIT = "fused_vit"
@@ -177,6 +178,11 @@ class VLAOptions(PolicyOptions):
             ``"none"`` leaves it as de-normalised.
         center_crop: crop the centre 90 % of the image area and resize back (for models
             trained with random-crop augmentation, e.g. the LIBERO fine-tunes).
+        frame_resize: how a camera frame becomes the towers' size: ``"bicubic"``
+            (antialiased, in torch) or ``"oft_libero"``, as OpenVLA-OFT's LIBERO evaluation
+            prepares frames to match its training data (stored as JPEG): a JPEG round trip at
+            quality 95, then Lanczos-3 with antialias (PIL; close to TensorFlow's, not
+            bit-identical).
         micro_batch_size: policy steps per forward pass in ``evaluate``.
         seed: seed of the preset's random init (equal on all ranks: identical replicas).
         gradient_checkpointing: recompute the LM's activations in backward.
@@ -192,6 +198,7 @@ class VLAOptions(PolicyOptions):
     unnorm_key: str | None = None
     gripper_convention: str = "none"
     center_crop: bool = False
+    frame_resize: str = "bicubic"
     micro_batch_size: int = 32
     seed: int = 0
     gradient_checkpointing: bool = False
@@ -219,6 +226,10 @@ class VLAOptions(PolicyOptions):
             raise ValueError(
                 f"{name} gripper_convention {self.gripper_convention!r} is not one of "
                 f"{list(GRIPPER_CONVENTIONS)}"
+            )
+        if self.frame_resize not in FRAME_RESIZES:
+            raise ValueError(
+                f"{name} frame_resize {self.frame_resize!r} is not one of {list(FRAME_RESIZES)}"
             )
         check_range(f"{name} temperature", self.temperature, 0, low_open=True)
         check_range(f"{name} micro_batch_size", self.micro_batch_size, 1)

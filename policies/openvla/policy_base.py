@@ -33,7 +33,7 @@ from policies.openvla.loading import save_checkpoint
 from policies.openvla.prismatic import PrismaticVLA
 from policies.openvla.prompt import PromptEncoder
 from policies.openvla.steps import StepInputs
-from policies.openvla.vision import center_crop_resize, images_to_float
+from policies.openvla.vision import center_crop_resize, images_to_float, oft_libero_frames
 
 if TYPE_CHECKING:  # type only: importing ``policies`` must not import transformers
     from transformers import PreTrainedTokenizerBase
@@ -129,11 +129,16 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         return K.ACTION_TOKENS, self.vla.action_tokenizer.encode(normalized.to(self.device))
 
     def pixel_values(self, images: np.ndarray | torch.Tensor | None) -> torch.Tensor:
-        """uint8 (N, H, W, 3) -> (N, 6, S, S) normalised for both towers (optionally cropped)."""
+        """uint8 (N, H, W, 3) -> (N, 6, S, S) normalised for both towers (resized as
+        ``frame_resize`` says, optionally cropped)."""
         if images is None:
             raise ValueError(f"the {type(self).__name__} needs camera images, got images=None")
+        size = self.vla.vision_backbone.image_size
+        if self.options.frame_resize == "oft_libero":
+            frames = images.cpu().numpy() if isinstance(images, torch.Tensor) else images
+            images = oft_libero_frames(np.asarray(frames, dtype=np.uint8), size)
         pixels = torch.as_tensor(np.ascontiguousarray(images)).to(self.device)
-        x = images_to_float(pixels, self.vla.vision_backbone.image_size)
+        x = images_to_float(pixels, size)
         if self.options.center_crop:
             x = center_crop_resize(x)
         return self.vla.vision_backbone.normalize(x)

@@ -12,10 +12,12 @@ optimizer or DDP bucket waits for gradients that never come.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -176,6 +178,25 @@ def images_to_float(images: torch.Tensor, size: int) -> torch.Tensor:
         x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
         x = x.clamp(0.0, 1.0)
     return x
+
+
+OFT_JPEG_QUALITY = 95  # tf.image.encode_jpeg's default, which OFT's evaluation uses
+
+
+def oft_libero_frames(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (N, H, W, 3) -> uint8 (N, size, size, 3) as OpenVLA-OFT's LIBERO evaluation
+    prepares camera frames: a JPEG round trip (its training frames were stored as JPEG), then
+    Lanczos-3 with antialias. PIL's codec and resampler, not TensorFlow's: close, not
+    bit-identical."""
+    from PIL import Image
+
+    out = np.empty((len(images), size, size, 3), dtype=np.uint8)
+    for i, frame in enumerate(images):
+        encoded = io.BytesIO()
+        Image.fromarray(frame).save(encoded, format="JPEG", quality=OFT_JPEG_QUALITY)
+        decoded = Image.open(encoded).convert("RGB")
+        out[i] = np.asarray(decoded.resize((size, size), Image.LANCZOS))
+    return out
 
 
 def center_crop_resize(images: torch.Tensor, area: float = OFT_CROP_AREA) -> torch.Tensor:

@@ -128,3 +128,31 @@ def test_inspect_names_the_processor_file(folder, capsys):
 
     assert main(["inspect", str(folder)]) == 0
     assert f"image processor  {PREPROCESSOR_FILE} (its mean / std)" in capsys.readouterr().out
+
+
+def test_oft_libero_frame_resize_round_trips_through_jpeg_then_lanczos():
+    """frame_resize=oft_libero: a noise frame at the towers' size loses detail to the JPEG round
+    trip (bicubic leaves it as it is); a smooth frame four times larger comes out within a few
+    grey levels of the bicubic resize (both antialiased), and every value is a whole grey level
+    (the frames stay uint8, as OFT's evaluation gives them to the processor)."""
+    bicubic = build_openvla({"seed": 0}, CPU)
+    oft = build_openvla({"seed": 0, "frame_resize": "oft_libero"}, CPU)
+    size = bicubic.vla.arch.image_size
+    noise = np.random.default_rng(1).integers(0, 256, (2, size, size, 3), dtype=np.uint8)
+    exact = bicubic.pixel_values(noise)[:, 3:] * 0.5 + 0.5  # SigLIP's tower: back to [0, 1]
+    jpeg = oft.pixel_values(noise)[:, 3:] * 0.5 + 0.5
+    np.testing.assert_allclose(exact.numpy(), noise.transpose(0, 3, 1, 2) / 255.0, atol=1e-6)
+    assert 0.01 < (jpeg - exact).abs().mean() < 0.3  # noise is JPEG's worst case (4:2:0 chroma)
+    levels = (jpeg * 255).numpy()
+    np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+
+    ramp = np.linspace(0, 255, 4 * size)
+    smooth = np.clip(np.stack([np.add.outer(ramp, ramp) / 2] * 3, axis=-1), 0, 255)
+    frames = smooth.astype(np.uint8)[None]
+    gap = oft.pixel_values(frames)[:, 3:] - bicubic.pixel_values(frames)[:, 3:]
+    assert gap.abs().max() * 0.5 < 4 / 255
+
+
+def test_an_unknown_frame_resize_is_refused():
+    with pytest.raises(ValueError, match=r"frame_resize 'nearest' is not one of \['bicubic'"):
+        build_openvla({"seed": 0, "frame_resize": "nearest"}, CPU)
