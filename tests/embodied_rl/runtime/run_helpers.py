@@ -112,3 +112,17 @@ def ray_strays(before: set[int]) -> list[str]:
         except psutil.NoSuchProcess:
             continue
     return strays
+
+
+# srpo_reach small enough to stop and resume in seconds, with successes from its first step
+# (numbers to compare); each test adds its steps and its checkpoint and evaluation cadence.
+SMALL_REACH_RUN = [
+    "eval.at_end=false",
+    "eval.batch_size=4",  # 4 of 40 held-out pairs each time: the eval loader moves on
+    "eval.max_videos=0",
+    "data.batch_size=2",
+    "simulator.options.success_radius=0.2",
+    "rollout.group_size=4",
+    "rollout.num_envs=4",
+    "ray.poll_interval_s=0.2",
+]

@@ -27,6 +27,7 @@ from embodied_rl.launch.outcome import RunPreempted
 from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.worker import status_path
 from tests.embodied_rl.runtime.run_helpers import (
+    SMALL_REACH_RUN,
     cli_train_command,
     comparable_numbers,
     read_metrics,
@@ -43,14 +44,7 @@ SMALL = [
     f"trainer.total_steps={TOTAL_STEPS}",
     "trainer.checkpoint_every=100",  # no regular checkpoint before the end: only the stop's
     "eval.every=3",  # the stopped step (completed 3) evaluates, and so does the resumed part
-    "eval.at_end=false",
-    "eval.batch_size=4",  # 4 of 40 held-out pairs each time: the eval loader moves on
-    "eval.max_videos=0",
-    "data.batch_size=2",
-    "simulator.options.success_radius=0.2",  # successes from the first step: numbers to compare
-    "rollout.group_size=4",
-    "rollout.num_envs=4",
-    "ray.poll_interval_s=0.2",
+    *SMALL_REACH_RUN,
 ]
 
 

@@ -34,6 +34,7 @@ from embodied_rl.runtime.config import compose
 from embodied_rl.runtime.config_errors import ConfigError
 from embodied_rl.runtime.worker import status_path
 from tests.embodied_rl.runtime.run_helpers import (
+    SMALL_REACH_RUN,
     cli_train_command,
     comparable_numbers,
     ray_processes,
@@ -49,14 +50,7 @@ RUN = [
     f"trainer.total_steps={TOTAL_STEPS}",
     "trainer.checkpoint_every=1",  # a checkpoint write in every step: moments that hit one
     "eval.every=4",
-    "eval.at_end=false",
-    "eval.batch_size=4",
-    "eval.max_videos=0",
-    "data.batch_size=2",
-    "simulator.options.success_radius=0.2",  # successes from the first step: numbers to compare
-    "rollout.group_size=4",
-    "rollout.num_envs=4",
-    "ray.poll_interval_s=0.2",
+    *SMALL_REACH_RUN,
 ]
 START_UP_S = 6.0  # the start-up moments lie in the first seconds of the process
 STEPS_S = 2.5  # the step moments lie this long after rank 0 reports ready (steps ~0.2 s each)
