@@ -104,6 +104,21 @@ def run_result(run_dir: Path, policy: str, command: list[str], wall_s: float, co
     }
 
 
+def corpus_summary(run_dir: Path) -> dict[str, Any]:
+    """The demo files the run read (its ``data.paths``): how many, their size, and episodes."""
+    import h5py
+    from omegaconf import OmegaConf
+
+    paths = list(OmegaConf.load(run_dir / "config.yaml").data.paths)
+    files = sorted(f for p in paths for f in Path(p).glob("*.hdf5"))
+    episodes = 0
+    for file in files:
+        with h5py.File(file, "r") as f:
+            episodes += len(f["data"])
+    size = sum(f.stat().st_size for f in files)
+    return {"paths": paths, "demo_files": len(files), "episodes": episodes, "bytes": size}
+
+
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for phase in ("cold", "warm"):
@@ -133,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_result(run_dir, policy, command, wall_s, args.cold))
     rows = [row for result in results for row in table_rows(result)]
     common.print_table(rows)
-    record = {"config": CONFIG, "runs": results, "table": rows}
+    corpus = corpus_summary((runs / args.policies[0]).resolve())
+    print(f"corpus: {corpus['demo_files']} demo files, {corpus['episodes']} episodes")
+    record = {"config": CONFIG, "corpus": corpus, "runs": results, "table": rows}
     common.write_results(args.name, record, args.out)
 
 
