@@ -25,17 +25,10 @@ from types import FrameType
 
 import psutil
 
+from embodied_rl.processes import descendants, end_processes, running
 from embodied_rl.runtime.preemption import Terminated
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def descendants() -> list[psutil.Process]:
-    """Every process this one started, directly or not, still running."""
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -78,7 +71,7 @@ class StartedProcesses:
         # A raylet can spawn an agent between the list above and its own SIGTERM (the window
         # widens on a loaded machine): the agent is adopted here and ended in the next round.
         for _ in range(self.ROUNDS):
-            left = [p for p in self.now() if _running(p)]
+            left = [p for p in self.now() if running(p)]
             if not left:
                 return
             end_processes(left)
@@ -97,30 +90,6 @@ def _descendants_outside(root: psutil.Process, excluded: set[int]) -> list[psuti
         found.append(child)
         found.extend(_descendants_outside(child, excluded))
     return found
-
-
-def end_processes(processes: list[psutil.Process], timeout_s: float = 5.0) -> None:
-    """SIGTERM each process still alive, SIGKILL those left after ``timeout_s``."""
-    alive = [p for p in processes if _running(p)]
-    for process in alive:
-        try:
-            process.terminate()
-        except psutil.Error:
-            continue
-    _, left = psutil.wait_procs(alive, timeout=timeout_s)
-    for process in left:
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
-    psutil.wait_procs(left, timeout=timeout_s)
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _in_main_thread() -> bool:

@@ -31,6 +31,7 @@ import psutil
 from tqdm import tqdm
 
 from embodied_rl.data.demos import content_digest
+from embodied_rl.processes import descendants, end_processes
 from embodied_rl.runtime.config import ConfigError
 from embodied_rl.runtime.path_guard import check_apart
 from simulators.libero.demo_reports import (
@@ -361,16 +362,14 @@ def end_children(timeout_s: float = 5.0) -> None:
     alive after ``timeout_s``. multiprocessing's resource tracker is left to end by itself:
     it does when the last process holding its pipe (this one) exits, and ended early it is
     relaunched with warnings."""
-    children = [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if "resource_tracker" not in " ".join(child.cmdline())
-    ]
-    for child in children:
-        child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    for child in alive:
-        child.kill()
+    end_processes([c for c in descendants() if not _is_resource_tracker(c)], timeout_s)
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return False
 
 
 def _in_order(reports: dict[int, TaskReport], order: Sequence[int]) -> list[TaskReport]:
