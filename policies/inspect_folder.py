@@ -111,9 +111,10 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
             "this OpenVLA-OFT takes one image per step; a model trained on two acts on the "
             "agent camera alone, not as trained"
         )
-    processor = folder / PREPROCESSOR_FILE
-    read = f"{PREPROCESSOR_FILE} (its mean / std)" if processor.is_file() else None
-    out.facts.append(("image processor", read or "none: the towers' own mean / std"))
+    if (folder / PREPROCESSOR_FILE).is_file():
+        out.facts.append(("image processor", f"{PREPROCESSOR_FILE} (its mean / std)"))
+    else:
+        out.facts.append(("image processor", "none: the towers' own mean / std"))
     stats = _statistics(folder, config)
     out.facts.append(("statistics", ", ".join(stats) if stats else "none"))
     count, dtypes = tensor_census(folder)

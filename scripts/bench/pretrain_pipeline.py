@@ -106,15 +106,13 @@ def run_result(run_dir: Path, policy: str, command: list[str], wall_s: float, co
 
 def corpus_summary(run_dir: Path) -> dict[str, Any]:
     """The demo files the run read (its ``data.paths``): how many, their size, and episodes."""
-    import h5py
     from omegaconf import OmegaConf
 
+    from embodied_rl.data.demos import find_demo_files, scan_demo_file
+
     paths = list(OmegaConf.load(run_dir / "config.yaml").data.paths)
-    files = sorted(f for p in paths for f in Path(p).glob("*.hdf5"))
-    episodes = 0
-    for file in files:
-        with h5py.File(file, "r") as f:
-            episodes += len(f["data"])
+    files = find_demo_files(paths)
+    episodes = sum(len(scan_demo_file(file)) for file in files)
     size = sum(f.stat().st_size for f in files)
     return {"paths": paths, "demo_files": len(files), "episodes": episodes, "bytes": size}
 
