@@ -9,17 +9,19 @@ to init), notes what ran before Ray started and, after ``ray.shutdown``, ends ev
 descendant started since (:class:`StartedProcesses`), an agent the raylet spawned after the
 list was taken included. While it takes everything
 down, further signals are held back (:func:`signals_held`), so that a second Ctrl-C cannot
-leave the tree half shut. SIGTERM before the workers run raises :class:`Terminated`
+leave the tree half shut; a signal while a step must not be cut in two (Ray's start) is deferred
+to its end (:func:`signals_deferred`). SIGTERM before the workers run raises :class:`Terminated`
 (:func:`sigterm_raises`), as Ctrl-C raises ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -97,22 +99,56 @@ def _in_main_thread() -> bool:
 
 
 @contextmanager
+def _stop_signals_to(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` inside (from the main thread only: elsewhere
+    handlers cannot be set, and the signals keep theirs)."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
+
+
+@contextmanager
 def signals_held() -> Iterator[list[int]]:
     """Ignore SIGINT / SIGTERM inside (recording them): the clean-up runs to its end."""
     held: list[int] = []
-    if not _in_main_thread():  # handlers can be set from the main thread only
+    with _stop_signals_to(lambda signum, frame: held.append(signum)):
         yield held
-        return
 
-    def hold(signum: int, frame: FrameType | None) -> None:
+
+@contextmanager
+def signals_deferred(notice: str) -> Iterator[list[int]]:
+    """Inside, the first SIGINT / SIGTERM is recorded (``notice`` goes to stderr) for the caller
+    to act on once the block has run to its end (:func:`raise_deferred`); a second one raises
+    at once, ``KeyboardInterrupt`` or :class:`Terminated`: a user who insists is not kept
+    waiting."""
+    held: list[int] = []
+
+    def defer(signum: int, frame: FrameType | None) -> None:
         held.append(signum)
+        if len(held) == 1:
+            os.write(2, f"{notice}\n".encode())  # a handler: no buffered stream
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated("a second SIGTERM came")
 
-    previous = {s: signal.signal(s, hold) for s in STOP_SIGNALS}
-    try:
+    with _stop_signals_to(defer):
         yield held
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+
+
+def raise_deferred(held: list[int], reason: str) -> None:
+    """Raises what the first signal ``held`` would have: KeyboardInterrupt or Terminated."""
+    if not held:
+        return
+    if held[0] == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(reason)
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

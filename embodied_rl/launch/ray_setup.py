@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,14 @@ from omegaconf import DictConfig
 
 from embodied_rl.devices import bundle, device_spec
 from embodied_rl.launch.outcome import RunFailed
-from embodied_rl.launch.process_tree import StartedProcesses, signals_held
+from embodied_rl.launch.process_tree import (
+    StartedProcesses,
+    raise_deferred,
+    signals_deferred,
+    signals_held,
+)
 from embodied_rl.runtime import cluster
 from embodied_rl.runtime.config import section
-from embodied_rl.runtime.preemption import Terminated
 
 
 def ray_init_kwargs(cfg: DictConfig, num_workers: int, cpus_per_worker: float) -> dict[str, Any]:
@@ -56,13 +60,18 @@ def start_ray(
 ) -> tuple[bool, StartedProcesses]:
     """Connect to ``ray.address`` or start an embedded cluster.
 
+    ``ray.init`` runs to its end before a Ctrl-C or SIGTERM is acted on: cut short while it
+    builds its core worker (C++ threads that outlive the Python object that never got made),
+    the process crashed with SIGSEGV at exit, after its error line. A second signal stops it
+    at once.
+
     Returns:
         Whether this call started Ray, and the processes it started (an embedded cluster's,
         to ``end()`` after ``ray.shutdown``: ``launch/process_tree.py``).
 
     Raises:
         RunFailed: ``ray.address`` cannot be reached or joined (the message says the fix).
-        KeyboardInterrupt / Terminated: a signal cut the start short; what had started is
+        KeyboardInterrupt / Terminated: a signal came while Ray started; what had started is
             ended first.
     """
     import ray
@@ -70,31 +79,49 @@ def start_ray(
     if ray.is_initialized():
         return False, StartedProcesses()
     started = StartedProcesses()
-    handler = signal.getsignal(signal.SIGTERM)  # ray.init puts its own in (sys.exit(15))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs = ray_init_kwargs(cfg, num_workers, cpus_per_worker)
     joining = kwargs["address"] != "local"
     try:
         if joining:
             cluster.check_reachable(kwargs["address"], section(cfg, "ray").connect_timeout_s)
-        ray.init(**kwargs)
+        with signals_deferred(STOP_DEFERRED) as held, _ray_keeps_sigterm_handler():
+            ray.init(**kwargs)
+        started.take_list()
+        raise_deferred(held, "SIGTERM came while Ray was starting")
     except cluster.ClusterError as err:
         raise RunFailed(str(err)) from None
     except ConnectionError as err:
         raise RunFailed(str(cluster.connect_error(kwargs["address"], err))) from None
-    except BaseException as err:  # a signal in the middle of it: end what was started
+    except BaseException:  # a signal: end what was started
         started.take_list()
         with signals_held():
             ray.shutdown()
             started.end()
-        if isinstance(err, SystemExit) and err.code == signal.SIGTERM:  # Ray's handler
-            raise Terminated("SIGTERM came while Ray was starting") from None
         raise
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, handler)
-    started.take_list()
     return not joining, started
+
+
+STOP_DEFERRED = "stopping once Ray has started (a few seconds); press Ctrl-C again to stop now"
+
+
+@contextmanager
+def _ray_keeps_sigterm_handler() -> Iterator[None]:
+    """Inside, ``ray.init`` installs no SIGTERM handler of its own (``sys.exit`` wherever it is,
+    the driver's node teardown): the caller's stays, ``signals_deferred``'s while Ray starts.
+    Ray installs them through this one function of its own (``ray._private.utils``)."""
+    from ray._private import utils as ray_utils
+
+    install = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = _install_none
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+
+
+def _install_none(handler: Any) -> None:
+    """What ``ray._private.utils.set_sigterm_handler`` does while Ray starts: nothing."""
 
 
 def place_workers(cfg: DictConfig, n: int, worker_bundle: dict[str, float]) -> Any:

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(sys.executable).with_name("embodied-rl")
+from tests.embodied_rl.runtime.run_helpers import CLI_SCRIPT
 
 
-@pytest.mark.skipif(not SCRIPT.exists(), reason="the console script is not installed")
+@pytest.mark.skipif(not CLI_SCRIPT.exists(), reason="the console script is not installed")
 @pytest.mark.parametrize(
     "signum, delay_s, code",
     [
@@ -31,7 +29,7 @@ SCRIPT = Path(sys.executable).with_name("embodied-rl")
 )
 def test_an_interrupt_while_starting_is_one_line(signum, delay_s, code):
     process = subprocess.Popen(
-        [str(SCRIPT), "validate", "--config-name", "grpo_llm"],
+        [str(CLI_SCRIPT), "validate", "--config-name", "grpo_llm"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

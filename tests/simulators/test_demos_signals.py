@@ -9,16 +9,15 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.embodied_rl.runtime.run_helpers import CLI_SCRIPT
 from tests.simulators.libero_common import requires_libero
 
-SCRIPT = Path(sys.executable).with_name("embodied-rl")
 TWO_TASKS = ["demos", "--suite", "libero_object", "--tasks", "0", "1", "--init-states", "0",
              "--image-size", "32", "--processes", "2", "--no-progress"]  # fmt: skip
 
@@ -31,11 +30,11 @@ def _digests(out: Path) -> dict[int, str | None]:
 
 @pytest.mark.libero
 @requires_libero
-@pytest.mark.skipif(not SCRIPT.exists(), reason="the console script is not installed")
+@pytest.mark.skipif(not CLI_SCRIPT.exists(), reason="the console script is not installed")
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_ends_the_driver_and_every_child(tmp_path, signum, code):
     args = [*TWO_TASKS, "--out", str(tmp_path)]
-    driver = subprocess.Popen([str(SCRIPT), *args], stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([str(CLI_SCRIPT), *args], stderr=subprocess.PIPE, text=True)
     started = time.monotonic()
     while len(psutil.Process(driver.pid).children(recursive=True)) < 3:  # 2 workers, tracker
         assert driver.poll() is None and time.monotonic() - started < 60, "no pool started"
@@ -59,17 +58,19 @@ def test_a_signal_ends_the_driver_and_every_child(tmp_path, signum, code):
 @pytest.mark.slow
 @pytest.mark.libero
 @requires_libero
-@pytest.mark.skipif(not SCRIPT.exists(), reason="the console script is not installed")
+@pytest.mark.skipif(not CLI_SCRIPT.exists(), reason="the console script is not installed")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_signal_at_a_random_moment_then_resume_writes_the_uninterrupted_files(tmp_path, seed):
     draw = random.Random(seed)
     signum = draw.choice([signal.SIGTERM, signal.SIGINT])
     delay_s = draw.uniform(0.0, 15.0)  # from start-up to the last episode (about 20 s)
-    whole = subprocess.run([str(SCRIPT), *TWO_TASKS, "--out", str(tmp_path / "whole")], timeout=300)
+    whole = subprocess.run(
+        [str(CLI_SCRIPT), *TWO_TASKS, "--out", str(tmp_path / "whole")], timeout=300
+    )
     assert whole.returncode == 0
     out = tmp_path / "cut"
     driver = subprocess.Popen(
-        [str(SCRIPT), *TWO_TASKS, "--out", str(out)], stderr=subprocess.PIPE, text=True
+        [str(CLI_SCRIPT), *TWO_TASKS, "--out", str(out)], stderr=subprocess.PIPE, text=True
     )
     seen: dict[int, psutil.Process] = {}
     due = time.monotonic() + delay_s
@@ -83,7 +84,9 @@ def test_a_signal_at_a_random_moment_then_resume_writes_the_uninterrupted_files(
     assert "Traceback" not in err, err
     _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    resumed = subprocess.run([str(SCRIPT), *TWO_TASKS, "--resume", "--out", str(out)], timeout=300)
+    resumed = subprocess.run(
+        [str(CLI_SCRIPT), *TWO_TASKS, "--resume", "--out", str(out)], timeout=300
+    )
     assert resumed.returncode == 0
     assert _digests(out) == _digests(tmp_path / "whole")
     assert None not in _digests(out).values()

@@ -13,11 +13,15 @@ from pathlib import Path
 import psutil
 from omegaconf import DictConfig, open_dict
 
+# The console script of this interpreter's environment: what a user runs (a signal during its
+# imports is one line, not the traceback ``python -m embodied_rl.cli`` prints).
+CLI_SCRIPT = Path(sys.executable).with_name("embodied-rl")
+
 
 def cli_train_command(config: str, *overrides: str) -> list[str]:
-    """``embodied-rl train --no-progress --config-name config overrides...`` as a process runs
-    it (this interpreter), for the tests that run the CLI as a user does."""
-    command = [sys.executable, "-m", "embodied_rl.cli", "train", "--no-progress"]
+    """``embodied-rl train --no-progress --config-name config overrides...`` as a user runs it
+    (the console script), for the tests that run the CLI in a process of its own."""
+    command = [str(CLI_SCRIPT), "train", "--no-progress"]
     return [*command, "--config-name", config, *overrides]
 
 

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.embodied_rl.runtime.run_helpers import ray_processes, ray_strays
-
-SCRIPT = Path(sys.executable).with_name("embodied-rl")
+from tests.embodied_rl.runtime.run_helpers import CLI_SCRIPT, ray_processes, ray_strays
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -28,12 +24,12 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 @pytest.mark.ray
 @pytest.mark.own_ray_cluster  # the shared cluster, had it stayed up, starts workers of its own
-@pytest.mark.skipif(not SCRIPT.exists(), reason="the console script is not installed")
+@pytest.mark.skipif(not CLI_SCRIPT.exists(), reason="the console script is not installed")
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_while_ray_starts_ends_every_process(tmp_path, signum, code):
     args = ["train", "--config-name", "grpo_llm", "trainer.total_steps=1", f"run_dir={tmp_path}"]
     before = ray_processes()
-    driver = subprocess.Popen([str(SCRIPT), *args], stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([str(CLI_SCRIPT), *args], stderr=subprocess.PIPE, text=True)
     seen: dict[int, psutil.Process] = {}
     started = time.monotonic()
     while not any("raylet" in " ".join(p.cmdline()) for p in seen.values() if p.is_running()):
