@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from embodied_rl import keys as K
+
 
 @dataclass
 class ActOutput:
@@ -42,6 +44,43 @@ class ActOutput:
     values: torch.Tensor | None = None
 
 
+ONE_CAMERA = ("agentview",)
+
+
+def policy_cameras(policy: Any) -> tuple[str, ...]:
+    """The cameras a policy reads each step, in the order ``act`` takes them (keys of
+    ``keys.CAMERA_KEYS``): ``("agentview",)``, unless the policy says otherwise with a
+    ``cameras`` attribute (OpenVLA-OFT with two images: agentview, then wrist)."""
+    return tuple(getattr(policy, "cameras", ONE_CAMERA))
+
+
+def stack_cameras(views: Sequence[Any], axis: int) -> Any:
+    """One camera's images as they are; several stacked on a new ``axis`` (numpy or torch):
+    e.g. two (N, H, W, 3) -> (N, 2, H, W, 3), the layout ``act`` takes them in."""
+    if len(views) == 1:
+        return views[0]
+    if isinstance(views[0], torch.Tensor):
+        return torch.stack(list(views), dim=axis)
+    return np.stack(views, axis=axis)
+
+
+def batch_images(batch: TensorDict, cameras: Sequence[str]) -> torch.Tensor:
+    """The images of ``cameras`` in a trajectory batch: (B, T, H, W, 3) for one camera,
+    (B, T, V, H, W, 3) for V, in the order given.
+
+    Raises:
+        KeyError: a camera's key is missing, naming the setting that records it.
+    """
+    missing = [c for c in cameras if K.CAMERA_KEYS[c] not in batch.keys()]
+    if missing:
+        raise KeyError(
+            f"the policy reads the {missing} camera(s), but the batch has no "
+            f"{[K.CAMERA_KEYS[c] for c in missing]}: record them (data.cameras={list(cameras)} "
+            "for demonstrations; a simulator whose options.cameras include them for rollouts)"
+        )
+    return stack_cameras([batch[K.CAMERA_KEYS[c]] for c in cameras], axis=2)
+
+
 @runtime_checkable
 class EmbodiedPolicy(Protocol):
     """A VLA or MLP policy usable by ``rollout.env`` and ``actor.train``."""
@@ -57,7 +96,8 @@ class EmbodiedPolicy(Protocol):
         temperature: float,
         do_sample: bool,
     ) -> ActOutput:
-        """Sample actions for N observations: images (N, H, W, 3) uint8, states (N, S)."""
+        """Sample actions for N observations: images (N, H, W, 3) uint8 (V cameras, see
+        :func:`policy_cameras`: (N, V, H, W, 3)), states (N, S)."""
         ...
 
     def evaluate(self, batch: TensorDict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +179,9 @@ class PolicyBuilder(Protocol):
     called on the driver before any worker starts (``validate_config``): it raises
     ``ConfigError`` for options that the files they name contradict (e.g. a ``path``
     checkpoint trained with a head the options disable); and ``state_size(options) -> int``,
-    the proprio size the policy reads (0: none), checked against the simulator's state.
+    the proprio size the policy reads (0: none), checked against the simulator's state; and
+    ``cameras(options) -> tuple``, the cameras it reads (:func:`policy_cameras`; without it
+    agentview alone), checked against ``data.cameras``.
     """
 
     def __call__(self, options: Mapping[str, Any], device: torch.device) -> Any: ...

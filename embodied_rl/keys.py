@@ -32,7 +32,8 @@ VALUES = "values"  # (B, R) float32 critic values
 RETURNS = "returns"  # (B, R) float32
 
 # --- embodied trajectories -------------------------------------------------------------------
-OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8
+OBS_IMAGE = "obs_image"  # (B, T, H, W, 3) uint8, the third-person (agentview) camera
+OBS_WRIST_IMAGE = "obs_wrist_image"  # (B, T, H, W, 3) uint8, for policies that read the wrist
 OBS_STATE = "obs_state"  # (B, T, S) float32 proprio
 ACTIONS = "actions"  # (B, T, A) float32 env actions (demos: (B, C, A), a step's action chunk)
 ENV_ACTIONS = "env_actions"  # (B, T, C, A) what the env got at each policy step (to replay it)
@@ -103,3 +104,8 @@ ALL_KEYS = frozenset(
     for k, v in dict(globals()).items()
     if k.isupper() and isinstance(v, str) and k != "AGENT_SEPARATOR"
 )
+
+# The batch key of each camera a policy may read (``interfaces.policy_cameras``), in the order a
+# policy reading several takes them (OpenVLA-OFT's: the third-person camera, then the wrist).
+CAMERA_KEYS = {"agentview": OBS_IMAGE, "wrist": OBS_WRIST_IMAGE}
+CAMERAS = tuple(CAMERA_KEYS)

@@ -21,7 +21,7 @@ from typing import Any
 from embodied_rl.runtime.config_errors import ConfigError
 from policies.folder_layout import CONFIG_FILE, STATISTICS_FILE
 from policies.openvla.preprocessor import PREPROCESSOR_FILE
-from policies.openvla_oft.published import side_file, trained_parts
+from policies.openvla_oft.published import IMAGES_KEY, side_file, trained_parts
 
 # Images per step of the published OFT LIBERO fine-tunes (third-person + wrist); their
 # config.json does not record it, their evaluation script is given it.
@@ -86,7 +86,8 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
 
     arch = architecture_from_config(config)  # refuses a backbone we do not build
     parts = trained_parts(folder)
-    oft = any(parts.values()) or (folder / STATISTICS_FILE).is_file()
+    # OFT's own files (side files, dataset_statistics.json) or the image count OFT records
+    oft = any(parts.values()) or (folder / STATISTICS_FILE).is_file() or IMAGES_KEY in config
     policy = "openvla_oft" if oft else "openvla"
     out = Description(f"{folder}: {'OpenVLA-OFT' if oft else 'OpenVLA'} checkpoint")
     text = arch.text_config
@@ -98,19 +99,23 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
     out.facts.append(("action head", f"L1 regression ({head})" if head else "action tokens"))
     proprio = parts["use_proprio"]
     out.facts.append(("proprio", f"{_proprio_dim(folder)}-d ({proprio})" if proprio else "none"))
-    images = config.get("num_images_in_input")
+    images = config.get(IMAGES_KEY)
     if images is None:
         said = "not recorded in config.json"
         if oft:
-            said += f"; the OFT LIBERO models take {OFT_LIBERO_IMAGES} (agent + wrist)"
+            said += f"; the OFT LIBERO fine-tunes take {OFT_LIBERO_IMAGES} (agentview + wrist)"
+            out.warnings.append(
+                f"config.json does not say how many images the model was trained on: add "
+                f"++models.actor.options.{IMAGES_KEY}={OFT_LIBERO_IMAGES} (and "
+                "++data.cameras=[agentview,wrist] for SFT) for a model trained on two, as the "
+                "OFT LIBERO fine-tunes are; one image otherwise"
+            )
+        out.facts.append(("images per step", said))
+    elif int(images) > 1:
+        said = f"{images} (agentview + wrist; SFT on demonstrations adds data.cameras=[agentview,wrist])"
         out.facts.append(("images per step", said))
     else:
         out.facts.append(("images per step", str(images)))
-    if oft and (images is None or int(images) > 1):
-        out.warnings.append(
-            "this OpenVLA-OFT takes one image per step; a model trained on two acts on the "
-            "agent camera alone, not as trained"
-        )
     if (folder / PREPROCESSOR_FILE).is_file():
         out.facts.append(("image processor", f"{PREPROCESSOR_FILE} (its mean / std)"))
     else:
@@ -131,6 +136,10 @@ def describe_vla(folder: Path, config: dict[str, Any]) -> Description:
         out.overrides.append(f"++{where}.options.use_continuous_head={str(bool(head)).lower()}")
         out.overrides.append(f"++{where}.options.use_proprio={str(bool(proprio)).lower()}")
         out.overrides.append(f"++{where}.options.center_crop=true")
+        if images is not None:
+            out.overrides.append(f"++{where}.options.{IMAGES_KEY}={int(images)}")
+        if images is not None and int(images) > 1:
+            out.overrides.append("simulator.options.cameras=[agentview,wrist]")
     if len(stats) > 1:
         out.overrides.append(f"++{where}.options.unnorm_key=<one of the statistics above>")
     if dtype in ("bfloat16", "float16"):

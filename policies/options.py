@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from embodied_rl.checks import options_dataclass
+from embodied_rl.interfaces import ONE_CAMERA
 
 
 class PolicyOptions:
@@ -41,6 +42,16 @@ class PolicyOptions:
         """Size of the proprio state the policy reads (0: none): its ``state_dim`` option,
         where it has one."""
         return int(getattr(self, "state_dim", 0))
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The cameras the policy reads each step (``interfaces.policy_cameras``)."""
+        return ONE_CAMERA
+
+    @classmethod
+    def cameras_of(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """:attr:`cameras` of the options a config gives (checked against ``data.cameras``)."""
+        return cls.from_options(options).cameras
 
     @classmethod
     def state_size_of(cls, options: Mapping[str, Any]) -> int:

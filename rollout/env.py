@@ -34,6 +34,7 @@ from embodied_rl import keys as K
 from embodied_rl.checks import check_fields, check_range
 from embodied_rl.dag.node_type import register_node
 from embodied_rl.data.batch import batch_len, make_batch, repeat_interleave
+from embodied_rl.interfaces import policy_cameras, stack_cameras
 from embodied_rl.registry import SIMULATORS
 from embodied_rl.runtime.context import simulating
 from embodied_rl.runtime.fsdp import gathered_for_inference
@@ -89,6 +90,12 @@ class EnvRolloutConfig:
         except ValueError as err:
             raise ValueError(f"simulator_options: {err}") from None
 
+    def simulator_cameras(self) -> tuple[str, ...] | None:
+        """The cameras the simulator's options name (LIBERO's ``cameras``); ``None`` when they
+        name none (the simulator's default)."""
+        cameras = self.simulator_options.get("cameras")
+        return None if cameras is None else tuple(cameras)
+
     def simulator_state_dim(self) -> int | None:
         """Size of the simulator's proprio state (``Obs.state``), if known without an env."""
         return SIMULATORS.get(self.simulator).limits(self.simulator_options).get("state_dim")
@@ -105,7 +112,8 @@ class EnvRolloutConfig:
 
 
 ROLLOUT_WRITES = (
-    K.PROMPT_TEXT, K.GROUP_ID, K.SAMPLE_ID, K.OBS_STATE, K.OBS_IMAGE, K.ACTION_TOKENS,
+    K.PROMPT_TEXT, K.GROUP_ID, K.SAMPLE_ID, K.OBS_STATE, K.OBS_IMAGE, K.OBS_WRIST_IMAGE,
+    K.ACTION_TOKENS,
     K.RAW_ACTIONS, K.OLD_LOGPROBS, K.RESPONSE_MASK, K.STEP_MASK, K.FINISH_STEP, K.SUCCESS,
     K.PRIVILEGED_PROGRESS,
 )  # fmt: skip
@@ -206,8 +214,9 @@ def _run_wave(
         obs = env.reset(task_ids, init_ids, active)
     descriptions = list(env.task_descriptions)[:count]
     horizon = cfg.max_steps or env.spec.max_steps
-    keys = ("state", "image", "tokens", "raw", "logprobs", "alive", "frames", "actions")
+    keys = ("state", "image", "wrist", "tokens", "raw", "logprobs", "alive", "frames", "actions")
     record: dict[str, list[Any]] = {key: [] for key in keys}
+    cameras = policy_cameras(policy)
     render = cfg.keep_frames and obs.image is None  # frames from render(), every k-th step
     done = np.zeros(env.num_envs, dtype=bool)
     success = np.zeros(env.num_envs, dtype=bool)
@@ -218,10 +227,12 @@ def _run_wave(
             record["frames"].append(frames)
         record["alive"].append(~done[:count])
         record["state"].append(obs.state[:count].copy())
+        views = camera_images(obs, cameras)
         record["image"].append(None if obs.image is None else obs.image[:count].copy())
+        record["wrist"].append(views["wrist"][:count].copy() if "wrist" in views else None)
         with _timed(phases, "policy"):
             act = policy.act(
-                obs.image,
+                stack_cameras([views[c] for c in cameras], axis=1) if views else None,
                 descriptions + [""] * pad,
                 obs.state,
                 temperature=cfg.temperature,
@@ -241,6 +252,29 @@ def _run_wave(
     record["progress"] = _final_progress(env, count)
     record["descriptions"] = descriptions
     return record
+
+
+OBS_FIELDS = {"agentview": "image", "wrist": "wrist_image"}  # camera -> observation field
+
+
+def camera_images(obs: Any, cameras: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """(num_envs, H, W, 3) uint8 of each camera the policy reads, from an observation; empty
+    for a policy that reads state only on a simulator without images.
+
+    Raises:
+        ValueError: the simulator gives one of the images but not another the policy reads.
+    """
+    views = {c: getattr(obs, OBS_FIELDS[c], None) for c in cameras}
+    missing = [c for c, image in views.items() if image is None]
+    if len(missing) == len(views):
+        return {}
+    if missing:
+        raise ValueError(
+            f"the policy reads the cameras {list(cameras)}, but the simulator gives no "
+            f"{missing} image: set simulator.options.cameras={list(cameras)} (LIBERO renders "
+            "the wrist camera)"
+        )
+    return views
 
 
 def _final_progress(env: Any, count: int) -> np.ndarray:
@@ -283,6 +317,8 @@ def _assemble(rows: TensorDict, waves: list[dict[str, Any]], cfg: EnvRolloutConf
     }
     if waves[0]["image"][0] is not None:
         fields[K.OBS_IMAGE] = cat("image")
+    if waves[0]["wrist"][0] is not None:
+        fields[K.OBS_WRIST_IMAGE] = cat("wrist")
     if cfg.keep_frames:  # the frames of steps 0, stride, 2 * stride, ...
         stride = cfg.frame_stride
         if K.OBS_IMAGE in fields:  # stride 1: the same tensor, no copy

@@ -34,7 +34,7 @@ from embodied_rl.data.sampler import EpochSampler
 from embodied_rl.data.tasks import is_heldout
 from embodied_rl.registry import SUITE_INSTRUCTIONS, load_plugins
 
-CAMERAS = ("agentview",)  # the policy image rollout.env passes to act (OBS_IMAGE)
+CAMERAS = K.CAMERAS  # a policy reads none, the first (OBS_IMAGE) alone, or both
 
 
 def select_demos(
@@ -239,6 +239,15 @@ def resize_frames(frames: np.ndarray, size: int | None) -> np.ndarray:
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
 
 
+def check_cameras(cameras: Sequence[str]) -> None:
+    """Refuse cameras a policy cannot read: none, ``[agentview]`` or ``[agentview, wrist]``."""
+    if tuple(cameras) not in {CAMERAS[:n] for n in range(len(CAMERAS) + 1)}:
+        raise ValueError(
+            f"cameras {list(cameras)}: a policy reads none, [agentview], or [agentview, wrist] "
+            "(OpenVLA-OFT with num_images_in_input: 2), in that order"
+        )
+
+
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
     """DrQ's random shift (arXiv 2004.13649): pad by ``pad`` (edge pixels), crop back at a
     random offset per image. images: (N, H, W, 3) uint8 -> (N, H, W, 3) uint8."""
@@ -275,9 +284,7 @@ class DemoLoader:
     ) -> None:
         if not infos:
             raise ValueError("no demonstrations selected; check data.paths")
-        unknown = sorted(set(cameras) - set(CAMERAS))
-        if unknown:
-            raise ValueError(f"cameras {unknown} are not observed by the policy; use {CAMERAS}")
+        check_cameras(cameras)
         self.infos, self.chunk, self.cameras = list(infos), chunk, tuple(cameras)
         self.image_size, self.shift, self.seed, self.dp_rank = image_size, shift, seed, dp_rank
         demos = [load_demo(info, cameras=()) for info in self.infos]  # no pixels yet
@@ -298,7 +305,7 @@ class DemoLoader:
             drop_last=False,
             source="the demonstrations",
         )
-        self._frames: dict[int, np.ndarray] = {}
+        self._frames: dict[int, dict[str, np.ndarray]] = {}
 
     @property
     def epoch(self) -> int:
@@ -309,11 +316,13 @@ class DemoLoader:
         """Rows dropped at start-up by reason: none (bad files are refused, not dropped)."""
         return {}
 
-    def frames(self, demo: int) -> np.ndarray:
-        """(T, S, S, 3) uint8 camera frames of a demo, read and resized on first use."""
+    def frames(self, demo: int) -> dict[str, np.ndarray]:
+        """Camera -> (T, S, S, 3) uint8 frames of a demo, read and resized on first use."""
         if demo not in self._frames:
             images = load_demo(self.infos[demo], cameras=self.cameras).images
-            self._frames[demo] = resize_frames(images[self.cameras[0]], self.image_size)
+            self._frames[demo] = {
+                camera: resize_frames(images[camera], self.image_size) for camera in self.cameras
+            }
         return self._frames[demo]
 
     def action_chunk(self, demo: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,9 +347,10 @@ class DemoLoader:
 
         Returns:
             OBS_STATE (n, 1, 8), OBS_IMAGE (n, 1, S, S, 3) uint8 (with a camera; randomly
-            shifted with ``shift``), PROMPT_TEXT, ACTIONS (n, C, 7) env actions,
-            RESPONSE_MASK (n, C * 7) (0 on padded actions), STEP_MASK (n, 1), SAMPLE_ID (n,),
-            INIT_STATE_ID (n,) the demo's init state (-1: unknown).
+            shifted with ``shift``; OBS_WRIST_IMAGE likewise with the wrist), PROMPT_TEXT,
+            ACTIONS (n, C, 7) env actions, RESPONSE_MASK (n, C * 7) (0 on padded actions),
+            STEP_MASK (n, 1), SAMPLE_ID (n,), INIT_STATE_ID (n,) the demo's init state (-1:
+            unknown).
         """
         demos, steps = self.row_demo[list(rows)], self.row_step[list(rows)]
         chunks = [self.action_chunk(int(d), int(t)) for d, t in zip(demos, steps)]
@@ -358,11 +368,12 @@ class DemoLoader:
                 [_init_id(self.infos[int(d)]) for d in demos], dtype=torch.int64
             ),
         }
-        if self.cameras:
+        for camera in self.cameras:  # each camera shifted on its own draw
             images = torch.from_numpy(
-                np.stack([self.frames(int(d))[int(t)] for d, t in zip(demos, steps)])
+                np.stack([self.frames(int(d))[camera][int(t)] for d, t in zip(demos, steps)])
             )
-            fields[K.OBS_IMAGE] = random_shift(images, self.shift, generator)[:, None]
+            shifted = random_shift(images, self.shift, generator)[:, None]
+            fields[K.CAMERA_KEYS[camera]] = shifted
         return make_batch(fields)
 
     def state_dict(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from embodied_rl.data.demo_loader import (
     CAMERAS,
     DemoLoader,
     check_action_convention,
+    check_cameras,
     check_frame_size,
     check_frame_sizes,
     select_demos,
@@ -292,7 +293,8 @@ class DemoDataConfig:
             forward pass (the model ``sft.train`` trains).
         max_demos_per_task: keep the first n demos of each task (instruction); 1 is SRPO's
             one-demo SFT; ``None`` keeps all.
-        cameras: ``[agentview]`` (the image the policy sees in rollouts) or ``[]`` (state only).
+        cameras: ``[agentview]`` (the image the policy sees in rollouts), ``[agentview, wrist]``
+            (OpenVLA-OFT with ``num_images_in_input: 2``) or ``[]`` (state only).
         image_size: resize frames to this side (the rollout's observation size), ``None``
             keeps the files' size.
         chunk: C, env actions per row (``actions[t : t + C]``, padded with the last action and
@@ -322,7 +324,7 @@ class DemoDataConfig:
     paths: list[str]
     model: str = "actor"
     max_demos_per_task: int | None = None
-    cameras: list[str] = field(default_factory=lambda: list(CAMERAS))
+    cameras: list[str] = field(default_factory=lambda: list(CAMERAS[:1]))
     image_size: int | None = None
     chunk: int = 1
     batch_size: int = 32
@@ -343,12 +345,7 @@ class DemoDataConfig:
                 f"statistics={self.statistics!r}; expected one of {STATISTICS_SOURCES}"
             )
         self.lerobot_features = LeRobotFeatures.from_options(self.lerobot)
-        unknown = sorted(set(self.cameras) - set(CAMERAS))
-        if unknown:
-            raise ValueError(
-                f"cameras {unknown}: the policy sees one camera in rollouts; use {list(CAMERAS)} "
-                "or [] (state only)"
-            )
+        check_cameras(self.cameras)
         check_fields(self, ("chunk", "batch_size"), 1)
         check_range("max_demos_per_task", self.max_demos_per_task, 1, note=" or null")
         check_range("image_size", self.image_size, 8, note=" or null")
@@ -401,7 +398,7 @@ def setup_demo_loader(ctx: NodeContext) -> None:
 def _demo_keys(cfg: DemoDataConfig) -> tuple[str, ...]:
     keys = (K.OBS_STATE, K.PROMPT_TEXT, K.ACTIONS, K.RESPONSE_MASK, K.STEP_MASK, K.SAMPLE_ID)
     keys += (K.INIT_STATE_ID,)
-    return keys + ((K.OBS_IMAGE,) if cfg.cameras else ())
+    return keys + tuple(K.CAMERA_KEYS[camera] for camera in cfg.cameras)
 
 
 @register_node(

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from embodied_rl.dag.node_type import dataclass_problems
 from embodied_rl.dag.spec import DagSpec, validate_dag
 from embodied_rl.data.tasks import shared_with_training
+from embodied_rl.interfaces import ONE_CAMERA
 from embodied_rl.registry import (
     PLUGIN_MODULES,
     is_model_name,
@@ -259,6 +260,40 @@ def _check_state_sizes(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
             )
 
 
+def _check_wrist_camera(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
+    """A policy that reads the wrist camera gets it: a ``data.demos`` node loads it exactly when
+    its policy reads it (with it unread, every frame is held twice), and a rollout's simulator
+    renders it where its options name the cameras (else the first step failed in a worker)."""
+    for node in dag.nodes:
+        spec = models.get(getattr(node.config, "model", None))
+        if spec is None:
+            continue
+        reads = getattr(model_builder(spec.policy), "cameras", None)
+        wanted = ONE_CAMERA if reads is None else tuple(reads(spec.options))
+        who = f"models.{node.config.model} ({spec.policy})"
+        loaded = getattr(node.config, "cameras", None) if node.type.name == "data.demos" else None
+        if loaded and ("wrist" in wanted) != ("wrist" in loaded):
+            raise ConfigError(
+                f"node {node.id!r} loads the cameras {list(loaded)}, but {who} reads "
+                f"{list(wanted)}",
+                f"set data.cameras=[{','.join(wanted)}]"
+                + ("" if "wrist" in wanted else " (or the policy's num_images_in_input=2)"),
+            )
+        rendered = getattr(node.config, "simulator_cameras", lambda: None)()
+        if "wrist" in wanted and getattr(node.config, "processes", 0):
+            raise ConfigError(
+                f"node {node.id!r}: {who} reads the wrist camera, which the simulator "
+                "processes (simulators/workers.py) do not carry: they pass agentview and state",
+                "set rollout.processes=0 (the simulator in the worker's own process)",
+            )
+        if "wrist" in wanted and rendered is not None and "wrist" not in rendered:
+            raise ConfigError(
+                f"node {node.id!r}: {who} reads the cameras {list(wanted)}, but the simulator "
+                f"renders {list(rendered)}",
+                f"set simulator.options.cameras=[{','.join(wanted)}]",
+            )
+
+
 def _check_statistics_source(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
     """A ``data.demos`` node that keeps the checkpoint's statistics has a checkpoint to keep
     them from (``init_from``, where check_init_from has found them set)."""
@@ -337,6 +372,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
         _check_model_names(dag, models)
         _check_statistics_source(dag, models)
         _check_state_sizes(dag, models)
+        _check_wrist_camera(dag, models)
     if len(dags) == 2:
         _check_evaluation_apart(evaluation_dag=dags[0], training_dag=dags[1])
     # data files, demo folders, id ranges: before anything is written

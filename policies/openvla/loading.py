@@ -270,6 +270,7 @@ def save_checkpoint(
     statistics: Mapping[str, Any] | None = None,
     tokenizer: Any = None,
     shard_size: int | None = None,
+    config_extras: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``policy`` in the published layout (config.json, safetensors, tokenizer).
 
@@ -282,6 +283,7 @@ def save_checkpoint(
             left out of the weights.
         tokenizer: saved with ``save_pretrained`` when given, so the folder loads as ``path``.
         shard_size: tensors per shard; ``None`` writes one ``model.safetensors``.
+        config_extras: more ``config.json`` keys (OFT's ``num_images_in_input``).
 
     Returns:
         The folder.
@@ -304,7 +306,8 @@ def save_checkpoint(
             save_file({k: tensors[k] for k in shard}, str(out / file))
             weight_map.update(dict.fromkeys(shard, file))
         (out / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / CONFIG_FILE).write_text(json.dumps(architecture_to_config(architecture), indent=2))
+    config = {**architecture_to_config(architecture), **dict(config_extras or {})}
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     if statistics:
         (out / STATISTICS_FILE).write_text(json.dumps(dict(statistics), indent=2))
     if tokenizer is not None:

@@ -5,6 +5,10 @@ Input sequence of one observation (OpenVLA's layout: image tokens right after BO
 
     [BOS] [P image tokens] [proprio token (OFT, optional)] [prompt tokens ... "▁"] [suffix]
 
+With two cameras (OFT's ``num_images_in_input: 2``) each image goes through the vision towers
+and projector alone, and the 2 x P tokens follow BOS, agentview's first, then the wrist's (the
+published layout, whose towers split the channel-stacked images and concatenate the patches).
+
 The prompt block is left-padded (``prompt.py``), so the image tokens and the suffix (action
 tokens) sit at the same index in every row. Padding is masked out and positions count real
 tokens only, so every row computes exactly what it would alone.
@@ -27,6 +31,7 @@ from torch import nn
 
 from embodied_rl import keys as K
 from embodied_rl.checks import check_range
+from embodied_rl.interfaces import ONE_CAMERA
 from policies.normalization import Normalizer, select_statistics
 from policies.openvla.configuration import ACTION_DIM, VLAOptions
 from policies.openvla.loading import save_checkpoint
@@ -55,6 +60,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
     tokens_per_step: int
     chunk: int = 1
     score_key: str = K.ACTION_TOKENS
+    cameras: tuple[str, ...] = ONE_CAMERA  # interfaces.policy_cameras
 
     def __init__(
         self,
@@ -92,7 +98,14 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         """
         entry = self.normalizer.statistics()
         stats = None if entry is None else {self.statistics_name: entry}
-        return save_checkpoint(self, folder, self.vla.arch, stats, self.tokenizer)
+        extras = self.config_extras()
+        return save_checkpoint(
+            self, folder, self.vla.arch, stats, self.tokenizer, config_extras=extras
+        )
+
+    def config_extras(self) -> dict[str, Any]:
+        """``config.json`` keys beside the architecture's (none for OpenVLA)."""
+        return {}
 
     def published_extras(self, folder: Path) -> dict[str, torch.Tensor]:
         """Tensors a published checkpoint keeps outside its safetensors, under our names
@@ -143,6 +156,24 @@ class VLAPolicyBase(nn.Module, abc.ABC):
             x = center_crop_resize(x)
         return self.vla.vision_backbone.normalize(x)
 
+    def image_tokens(self, images: np.ndarray | torch.Tensor | None) -> torch.Tensor:
+        """Image tokens (N, V * P, D) of N observations, each camera's P in ``cameras`` order.
+
+        Args:
+            images: uint8 (N, H, W, 3) with one camera, (N, V, H, W, 3) with V.
+        """
+        views = len(self.cameras)
+        if views > 1:
+            shape = tuple(getattr(images, "shape", ()))
+            if len(shape) != 5 or shape[1] != views:
+                raise ValueError(
+                    f"the {type(self).__name__} reads {views} cameras {list(self.cameras)} "
+                    f"and takes images (N, {views}, H, W, 3), got shape {shape}"
+                )
+            images = images.reshape(shape[0] * views, *shape[2:])
+        tokens = self.vla.image_tokens(self.pixel_values(images))  # (N * V, P, D)
+        return tokens.reshape(-1, views * tokens.shape[1], tokens.shape[2])
+
     def extra_prefix(self, states: torch.Tensor | None) -> torch.Tensor | None:
         """Tokens (N, E, D) placed after the image tokens; none by default."""
         return None
@@ -160,7 +191,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
             embeds (N, L, D), attention mask (N, L) int64 and position ids (N, L) int64.
         """
         device = self.device
-        image_tokens = self.vla.image_tokens(self.pixel_values(images))
+        image_tokens = self.image_tokens(images)
         n = image_tokens.shape[0]
         start = torch.full((n, 1), self.prompts.start_id, dtype=torch.long, device=device)
         state = None if states is None else torch.as_tensor(np.asarray(states)).to(device)
@@ -234,7 +265,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         """
         b, t = batch[K.STEP_MASK].shape
         targets = self._stored_targets(batch) if self.score_key in batch.keys() else None
-        steps = StepInputs.from_batch(batch)
+        steps = StepInputs.from_batch(batch, self.cameras)
         parts = [
             self.mode_steps(
                 images,
@@ -267,7 +298,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         k = self.tokens_per_step
         targets = self._stored_targets(batch)
         logprobs, entropies = [], []
-        steps = StepInputs.from_batch(batch)
+        steps = StepInputs.from_batch(batch, self.cameras)
         size = self.options.micro_batch_size
         for rows, images, instructions, states in steps.micro_batches(size):
             logp, ent = self.score_steps(
@@ -288,7 +319,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         k, bins = self.tokens_per_step, self.vla.action_tokenizer.n_bins
         targets = self._stored_targets(batch)
         logprobs, positions = [], []
-        steps = StepInputs.from_batch(batch)
+        steps = StepInputs.from_batch(batch, self.cameras)
         for rows, images, instructions, states in steps.micro_batches(
             self.options.micro_batch_size
         ):
@@ -326,7 +357,7 @@ class VLAPolicyBase(nn.Module, abc.ABC):
         valid steps go through :meth:`observation_values` ``micro_batch_size`` at a time.
         """
         b, t = batch[K.STEP_MASK].shape
-        steps = StepInputs.from_batch(batch)
+        steps = StepInputs.from_batch(batch, self.cameras)
         parts = [
             self.observation_values(images, instructions, states).unsqueeze(-1)
             for _, images, instructions, states in steps.micro_batches(

@@ -3,20 +3,22 @@ micro-batching for ``evaluate``, ``values`` and ``action_mode``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from tensordict import TensorDict
 
 from embodied_rl import keys as K
 from embodied_rl.data.batch import strings
+from embodied_rl.interfaces import batch_images
 
 
 class StepInputs:
     """The valid steps of a trajectory batch, flattened to observations (shared batching).
 
     Attributes:
-        images: (B * T, H, W, 3) uint8; states: (B * T, S) or ``None``.
+        images: (B * T, H, W, 3) uint8 ((B * T, V, H, W, 3) with V cameras); states:
+            (B * T, S) or ``None``.
         instructions: B strings (step row r belongs to trajectory r // T).
         valid: (n,) int64 indices of the valid steps in [0, B * T), on the CPU.
         b, t: the batch and trajectory sizes.
@@ -35,11 +37,14 @@ class StepInputs:
         self.valid, self.b, self.t = valid, b, t
 
     @classmethod
-    def from_batch(cls, batch: TensorDict) -> StepInputs:
-        """From OBS_IMAGE (B, T, H, W, 3), OBS_STATE (B, T, S) if any, PROMPT_TEXT, STEP_MASK."""
+    def from_batch(cls, batch: TensorDict, cameras: Sequence[str]) -> StepInputs:
+        """From the images of ``cameras`` (OBS_IMAGE (B, T, H, W, 3), OBS_WRIST_IMAGE with
+        the wrist: then (B * T, V, H, W, 3) images), OBS_STATE (B, T, S) if any, PROMPT_TEXT and
+        STEP_MASK."""
         step_mask = batch[K.STEP_MASK]
         b, t = step_mask.shape
-        images = batch[K.OBS_IMAGE].reshape(b * t, *batch[K.OBS_IMAGE].shape[2:])
+        images = batch_images(batch, cameras)
+        images = images.reshape(b * t, *images.shape[2:])
         states = batch.get(K.OBS_STATE, None)
         states = None if states is None else states.reshape(b * t, -1)
         valid = torch.nonzero(step_mask.reshape(-1).cpu() > 0).squeeze(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from embodied_rl.checks import check_range
+from embodied_rl.keys import CAMERAS
 from policies.openvla.configuration import VLAOptions
 
 
@@ -21,6 +22,9 @@ class OpenVLAOFTConfig(VLAOptions):
             with a learnable per-dimension log-std, instead of the 256-bin action tokens.
         use_proprio: feed the (normalised) proprio state as one extra token after the image.
         proprio_dim: size of the proprio state (8 on LIBERO).
+        num_images_in_input: camera images per step, as the published ``config.json`` says:
+            1, the third-person (agentview) camera; 2, it and the wrist camera (the OFT LIBERO
+            fine-tunes): each goes through the vision towers, agentview's P tokens first.
         init_log_std: initial log-std of the Gaussian head (normalised action units).
     """
 
@@ -29,6 +33,7 @@ class OpenVLAOFTConfig(VLAOptions):
     use_continuous_head: bool = False
     use_proprio: bool = False
     proprio_dim: int = 8
+    num_images_in_input: int = 1
     init_log_std: float = -2.0
 
     policy_name = "openvla_oft"
@@ -42,3 +47,9 @@ class OpenVLAOFTConfig(VLAOptions):
         super().__post_init__()
         check_range("openvla_oft chunk", self.chunk, 1)
         check_range("openvla_oft proprio_dim", self.proprio_dim, 1)
+        check_range("openvla_oft num_images_in_input", self.num_images_in_input, 1, len(CAMERAS))
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The cameras read each step, in order: agentview, then wrist."""
+        return CAMERAS[: self.num_images_in_input]

@@ -42,7 +42,7 @@ from policies.openvla.policy_base import VLAPolicyBase
 from policies.openvla.prismatic import PrismaticVLA
 from policies.openvla.sampling import categorical_scores, sample_action_index
 from policies.openvla_oft.configuration import OpenVLAOFTConfig
-from policies.openvla_oft.published import check_checkpoint_options, read_side_tensors
+from policies.openvla_oft.published import IMAGES_KEY, check_checkpoint_options, read_side_tensors
 
 
 class ProprioProjector(nn.Module):
@@ -124,6 +124,7 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         super().__init__(vla, tokenizer, options, norm_stats)
         self.chunk = options.chunk
         self.tokens_per_step = options.chunk * ACTION_DIM
+        self.cameras = options.cameras
         self.stop_id = int(tokenizer.eos_token_id)
         width = vla.hidden_size
         self.proprio_projector = None
@@ -141,6 +142,11 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
     def published_extras(self, folder: Path) -> dict[str, torch.Tensor]:
         """The L1 action head and proprio projector files of a published OFT model."""
         return read_side_tensors(folder)
+
+    def config_extras(self) -> dict[str, Any]:
+        """``num_images_in_input``, under OFT's name: a reload with another count is refused
+        (``published.check_checkpoint_options``)."""
+        return {IMAGES_KEY: len(self.cameras)}
 
     def unpublished_defaults(self) -> dict[str, torch.Tensor]:
         """``action_log_std`` (OFT's L1 head is deterministic): ``init_log_std``."""
@@ -193,7 +199,8 @@ class OpenVLAOFTPolicy(VLAPolicyBase):
         """Sample one action chunk per observation in a single forward pass (eval, no grad).
 
         Args:
-            images: (N, H, W, 3) uint8 camera images.
+            images: (N, H, W, 3) uint8 camera images; (N, 2, H, W, 3) with
+                ``num_images_in_input: 2``, agentview then wrist.
             instructions: N task instructions.
             states: (N, proprio_dim) proprio state (read with ``use_proprio``).
             temperature: > 0; tempers the token softmax or widens the Gaussian.
@@ -310,4 +317,5 @@ def build_openvla_oft(options: Mapping[str, Any], device: torch.device | str) ->
 # checkpoint's files against the options (embodied_rl/interfaces.py, PolicyBuilder).
 build_openvla_oft.architecture_options = OpenVLAOFTConfig.architecture_options
 build_openvla_oft.state_size = OpenVLAOFTConfig.state_size_of
+build_openvla_oft.cameras = OpenVLAOFTConfig.cameras_of
 build_openvla_oft.check_options = check_checkpoint_options

@@ -148,6 +148,7 @@ def check_checkpoint_options(options: Mapping[str, Any], where: str = "models.ac
     if not folder.is_dir():
         return  # the builder's own error names the missing folder
     check_processor_file(options, where)
+    _check_image_count(folder, options, where)
     for option, held in trained_parts(folder).items():
         wanted = bool(options.get(option, False))
         if held is not None and not wanted:
@@ -163,3 +164,28 @@ def check_checkpoint_options(options: Mapping[str, Any], where: str = "models.ac
                 "--*_checkpoint.pt file nor such weights: it was trained without it",
                 f"set {where}.options.{option}=false",
             )
+
+
+IMAGES_KEY = "num_images_in_input"  # config.json's key (written by our OFT checkpoints)
+
+
+def recorded_image_count(folder: Path) -> int | None:
+    """Images per step ``config.json`` says the model was trained on; ``None`` when it does
+    not say (the published OFT files do not: their LIBERO fine-tunes take 2)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return None
+    count = json.loads(path.read_text()).get(IMAGES_KEY)
+    return None if count is None else int(count)
+
+
+def _check_image_count(folder: Path, options: Mapping[str, Any], where: str) -> None:
+    recorded = recorded_image_count(folder)
+    wanted = int(options.get(IMAGES_KEY, 1))
+    if recorded is not None and recorded != wanted:
+        raise ConfigError(
+            f"{where}.options.{IMAGES_KEY} is {wanted}, but {folder}/config.json says the model "
+            f"takes {recorded} image(s) per step: with another count it acts on other inputs "
+            "than it was trained on",
+            f"set ++{where}.options.{IMAGES_KEY}={recorded}",
+        )

@@ -40,7 +40,7 @@ def synthetic_episode(task: int, demo: int, length: int, size: int) -> DemoEpiso
     return DemoEpisode(
         actions=np.concatenate([actions, gripper], axis=1),
         agentview_rgb=frames,
-        eye_in_hand_rgb=frames[:, ::-1].copy(),
+        eye_in_hand_rgb=255 - frames,  # another image than agentview's, as the wrist camera gives
         ee_states=ee,
         gripper_states=np.where(gripper > 0, 0.01, 0.04).repeat(2, axis=1),
         joint_states=rng.normal(size=(length, 7)),

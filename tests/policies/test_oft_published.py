@@ -187,7 +187,7 @@ def test_inspect_says_what_the_published_folder_holds_and_how_to_use_it(folder, 
     assert "L1 regression (action_head--150000_checkpoint.pt)" in out
     assert "8-d (proprio_projector--150000_checkpoint.pt)" in out
     assert "statistics       libero_spatial_no_noops" in out  # config.json's bridge_orig replaced
-    assert "lora_adapter/" in out and "acts on the agent camera alone" in out
+    assert "lora_adapter/" in out and "does not say how many images" in out
     overrides = out.strip().splitlines()[-1].split()
     assert "models.actor.policy=openvla_oft" in overrides
     assert "++models.actor.options.use_continuous_head=true" in overrides

@@ -1,5 +1,9 @@
 """SRPO on LIBERO in CI: 2 workers, tiny OpenVLA-OFT, short episodes, 2 steps, videos.
 
+The policy reads two images per step, agentview and wrist (``num_images_in_input: 2``, the OFT
+LIBERO fine-tunes' layout): the wrist images go from the rollouts through the databuffer to the
+updates and the evaluation (the one-camera default shares every step of the path but that one).
+
 The run is ``embodied-rl train`` in a process of its own, so it also checks a LIBERO run's
 console: its step lines and results only, none of robosuite's, LIBERO's or transformers'
 notices (tests/embodied_rl/runtime/test_console.py checks the console of the reach task).
@@ -26,7 +30,13 @@ pytestmark = [
 
 def test_srpo_libero_two_steps_write_metrics_checkpoint_and_video(tmp_path):
     run_dir = tmp_path / "run"
-    code, out, err = run_cli_train("srpo_libero", "trainer.total_steps=2", f"run_dir={run_dir}")
+    two_cameras = [
+        "++models.actor.options.num_images_in_input=2",
+        "simulator.options.cameras=[agentview,wrist]",
+    ]
+    code, out, err = run_cli_train(
+        "srpo_libero", "trainer.total_steps=2", *two_cameras, f"run_dir={run_dir}"
+    )
     assert code == 0, err
     assert_only_run_lines(out, err, steps=2)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -34,6 +44,7 @@ def test_srpo_libero_two_steps_write_metrics_checkpoint_and_video(tmp_path):
     for m in lines:
         assert m["dapo/kept_samples"] == 4  # 2 (task, init state) pairs x 2 rollouts
         assert m["rollout/episode_steps"] > 0
+        assert m["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # act and update agree
         # A count of the 4 episodes' successes over 4, seen alike by the nodes after the
         # rollout: the binary reward's mean, and SRPO's rate (the filter kept all 4).
         rate = m["rollout/success_rate"]
