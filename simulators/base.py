@@ -66,6 +66,7 @@ class EnvSpec:
         num_init_states: valid init-state ids per task are ``0 .. num_init_states - 1``.
         render_shape: ``(H, W, 3)`` of the frames ``render()`` returns, ``None`` when the
             env cannot render.
+        wrist_shape: ``(H, W, 3)`` of ``Obs.wrist_image``, ``None`` without a wrist camera.
     """
 
     image_shape: tuple[int, int, int] | None
@@ -77,6 +78,7 @@ class EnvSpec:
     num_tasks: int
     num_init_states: int
     render_shape: tuple[int, int, int] | None = None
+    wrist_shape: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         # Tuples (not arrays) keep the spec hashable, comparable and cheap to pickle.
@@ -109,10 +111,13 @@ class Obs:
     Attributes:
         image: ``(N, H, W, 3)`` uint8 camera images, ``None`` when the env has no camera.
         state: ``(N, S)`` float32 state (proprio) vector.
+        wrist_image: ``(N, H, W, 3)`` uint8 wrist camera images (``EnvSpec.wrist_shape``),
+            ``None`` when the env has no wrist camera (LIBERO has one).
     """
 
     image: np.ndarray | None
     state: np.ndarray
+    wrist_image: np.ndarray | None = None
 
 
 @dataclass

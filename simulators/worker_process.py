@@ -33,6 +33,8 @@ def _sections(spec: EnvSpec, num_envs: int) -> list[tuple[str, tuple[int, ...], 
     ]
     if spec.image_shape is not None:
         sections.append(("image", (num_envs, *spec.image_shape), np.uint8))
+    if spec.wrist_shape is not None:
+        sections.append(("wrist", (num_envs, *spec.wrist_shape), np.uint8))
     if spec.render_shape is not None:
         sections.append(("frames", (num_envs, *spec.render_shape), np.uint8))
     return sections
@@ -47,7 +49,8 @@ def block_size(spec: EnvSpec, num_envs: int) -> int:
 
 
 def shared_views(buffer: memoryview, spec: EnvSpec, num_envs: int) -> dict[str, np.ndarray]:
-    """Array views into a block: ``state (k, S)``, ``image (k, H, W, 3)``, ``frames``."""
+    """Array views into a block: ``state (k, S)``, ``image`` and ``wrist`` (k, H, W, 3),
+    ``frames``."""
     views, offset = {}, 0
     for name, shape, dtype in _sections(spec, num_envs):
         views[name] = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset)
@@ -114,6 +117,8 @@ def _write_obs(views: dict[str, np.ndarray], obs: Obs) -> None:
     views["state"][:] = obs.state
     if obs.image is not None:
         views["image"][:] = obs.image
+    if obs.wrist_image is not None:
+        views["wrist"][:] = obs.wrist_image
 
 
 def _handle_reset(

@@ -335,10 +335,13 @@ class ProcessVectorEnv(VectorEnv):
     def _read_obs(self) -> Obs:
         """Copy the observations out of the blocks (the next command overwrites them)."""
         state = np.concatenate([c.views["state"] for c in self._children])
-        image = None
-        if self.spec.image_shape is not None:
-            image = np.concatenate([c.views["image"] for c in self._children])
-        return Obs(image=image, state=state)
+        image = self._concatenated("image") if self.spec.image_shape is not None else None
+        wrist = self._concatenated("wrist") if self.spec.wrist_shape is not None else None
+        return Obs(image=image, state=state, wrist_image=wrist)
+
+    def _concatenated(self, view: str) -> np.ndarray:
+        """One shared-memory view of every child, in env order (a copy)."""
+        return np.concatenate([c.views[view] for c in self._children])
 
     def _spawn(self, child: _Child) -> None:
         parent_end, child_end = self._ctx.Pipe(duplex=True)

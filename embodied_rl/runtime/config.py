@@ -280,12 +280,6 @@ def _check_wrist_camera(dag: DagSpec, models: Mapping[str, ModelSpec]) -> None:
                 + ("" if "wrist" in wanted else " (or the policy's num_images_in_input=2)"),
             )
         rendered = getattr(node.config, "simulator_cameras", lambda: None)()
-        if "wrist" in wanted and getattr(node.config, "processes", 0):
-            raise ConfigError(
-                f"node {node.id!r}: {who} reads the wrist camera, which the simulator "
-                "processes (simulators/workers.py) do not carry: they pass agentview and state",
-                "set rollout.processes=0 (the simulator in the worker's own process)",
-            )
         if "wrist" in wanted and rendered is not None and "wrist" not in rendered:
             raise ConfigError(
                 f"node {node.id!r}: {who} reads the cameras {list(wanted)}, but the simulator "

@@ -28,6 +28,6 @@ Importing this package registers the simulator and the command.
 """
 
 from simulators.libero import commands  # noqa: F401  (registers the ``demos`` command)
-from simulators.libero.env import LiberoConfig, LiberoObs, LiberoVectorEnv, build_libero
+from simulators.libero.env import LiberoConfig, LiberoVectorEnv, build_libero
 
-__all__ = ["LiberoConfig", "LiberoObs", "LiberoVectorEnv", "build_libero"]
+__all__ = ["LiberoConfig", "LiberoVectorEnv", "build_libero"]

@@ -27,7 +27,7 @@ state does not set. (LIBERO's ``seed`` reseeds NumPy's global RNG.)
   within two waves (few tasks, evaluation). Episodes do not depend on which scene runs
   them.
 
-Observations (:class:`LiberoObs`): ``image (N, H, W, 3)`` the agentview camera rotated by
+Observations (:class:`Obs`): ``image (N, H, W, 3)`` the agentview camera rotated by
 180 degrees, ``wrist_image`` the wrist camera likewise (when ``"wrist"`` is in ``cameras``),
 ``state (N, 8)`` = eef position, axis-angle of the eef quaternion, gripper finger positions;
 all as robosuite samples them in a step (after its 24th of 25 physics substeps). Actions
@@ -47,8 +47,8 @@ the observed image when the sizes match; ``render(size)`` draws it at ``size`` (
 evaluation's videos; at most ``MAX_FRAME_SIZE``, 480).
 ``cameras=[]`` with ``render_size: 0`` creates no GL context at all.
 
-``wrist_image`` is an extra field of this simulator's observations: the process pool
-(:mod:`simulators.workers`) carries ``image`` and ``state`` only.
+The process pool (:mod:`simulators.workers`) carries ``wrist_image`` beside ``image`` and
+``state`` (``EnvSpec.wrist_shape``).
 
 ``privileged_progress()``: each env's progress towards its task's BDDL goal, read from the
 simulator state (:mod:`simulators.libero.progress`; recorded from each reset's state).
@@ -106,7 +106,7 @@ class LiberoConfig:
             perturbation) needs an explicit ``max_steps``.
         image_size: side of the square camera observations in pixels.
         cameras: observed cameras, from ``agentview`` (the policy image, ``Obs.image``) and
-            ``wrist`` (``LiberoObs.wrist_image``); ``wrist`` needs ``agentview``; empty =
+            ``wrist`` (``Obs.wrist_image``); ``wrist`` needs ``agentview``; empty =
             state only.
         reflections: render MuJoCo reflections (slower; the official evaluation has them).
         max_steps: episode length limit in env steps; ``None`` = the suite's default.
@@ -176,18 +176,6 @@ class LiberoConfig:
 
 
 @dataclass
-class LiberoObs(Obs):
-    """LIBERO observations: :class:`Obs` plus the wrist camera.
-
-    Attributes:
-        wrist_image: ``(N, H, W, 3)`` uint8 wrist images (rotated by 180 degrees), ``None``
-            when ``"wrist"`` is not among the cameras.
-    """
-
-    wrist_image: np.ndarray | None = None
-
-
-@dataclass
 class _Built:
     """A built scene and its task."""
 
@@ -244,6 +232,7 @@ class LiberoVectorEnv(VectorEnv):
             num_tasks=len(self._tasks),
             num_init_states=min(len(states) for states in self._init_states),
             render_shape=(render, render, 3) if render else None,
+            wrist_shape=(size, size, 3) if "wrist" in config.cameras else None,
         )
         self._scene_of: list[_Built | None] = [None] * num_envs  # None: no reset, or left out
         self._progress: list[PrivilegedProgress | None] = [None] * num_envs  # None: left out
@@ -280,7 +269,7 @@ class LiberoVectorEnv(VectorEnv):
         task_ids: Sequence[int],
         init_state_ids: Sequence[int],
         active: Sequence[bool] | None = None,
-    ) -> LiberoObs:
+    ) -> Obs:
         tasks, inits = check_reset_ids(self.spec, self.num_envs, task_ids, init_state_ids)
         self._inactive = ~check_active(self.num_envs, active)
         self._was_reset = False  # a failure below leaves the batch unusable until a reset
@@ -476,8 +465,8 @@ class LiberoVectorEnv(VectorEnv):
             if images is not None:
                 images[envs] = 0
 
-    def _obs(self) -> LiberoObs:
-        return LiberoObs(
+    def _obs(self) -> Obs:
+        return Obs(
             image=None if self._image is None else self._image.copy(),
             state=self._state.copy(),
             wrist_image=None if self._wrist is None else self._wrist.copy(),
