@@ -139,6 +139,7 @@ def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
         if step_seconds
         else None,
         "loss_first": losses[0][1] if losses else None,
+        "loss_first100": statistics.mean(v for _, v in losses[:100]) if losses else None,
         # the mean of the last 100 steps: one step's loss is one batch's
         "loss_last100": statistics.mean(v for _, v in losses[-100:]) if losses else None,
         "loss_curve": losses[:: max(1, len(losses) // 200)],
@@ -165,7 +166,7 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "steps": row["steps"],
             "wall min": row["wall_minutes"],
             "samples/s": row["samples_per_s"],
-            "loss first": row["loss_first"],
+            "loss first 100": row["loss_first100"],
             "loss last 100": row["loss_last100"],
             "held-out success (end)": last_eval(row),
         }

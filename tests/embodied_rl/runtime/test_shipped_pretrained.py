@@ -25,6 +25,8 @@ ASSETS = REPO_ROOT / "assets" / "checkpoints"
 # policy config -> the shipped run folder
 SHIPPED = {
     "openvla_oft_libero": ASSETS / "openvla_oft_libero_pretrain90",
+    "openvla_oft_libero_tokens": ASSETS / "openvla_oft_libero_tokens_pretrain90",
+    "openvla_libero": ASSETS / "openvla_libero_pretrain90",
 }
 SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 
