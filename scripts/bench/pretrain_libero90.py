@@ -29,6 +29,7 @@ from typing import Any
 
 import common
 from libero_learning import cli, evaluations, read_jsonl, run
+from libero_suites import per_task
 from srpo_world_model import has_checkpoint
 
 CONFIG = "pretrain_libero90"
@@ -107,17 +108,6 @@ def wall_minutes(metrics: list[dict[str, Any]]) -> float | None:
     return round(elapsed[-1] / 60, 1) if elapsed else None
 
 
-def by_task(run_dir: Path) -> dict[int, dict[str, int]]:
-    """``{task: {successes, episodes}}`` of the run's last evaluation."""
-    rows = read_jsonl(run_dir / "eval" / "results.jsonl")
-    last = max((int(r["step"]) for r in rows), default=None)
-    return {
-        int(r["task"]): {"successes": int(r["successes"]), "episodes": int(r["episodes"])}
-        for r in rows
-        if int(r["step"]) == last
-    }
-
-
 def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     run_dir = (args.runs / POLICIES[policy]).resolve()
     command = train_command(run_dir, policy, resume=has_checkpoint(run_dir))
@@ -147,7 +137,7 @@ def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             {"step": step, **result}
             for step, result in sorted(evaluations(run_dir, "eval").items())
         ],
-        "eval_by_task": by_task(run_dir),
+        "eval_by_task": per_task(run_dir / "eval" / "results.jsonl"),
         "shard": shard_sha256(run_dir) if has_checkpoint(run_dir) else None,
     }
 
