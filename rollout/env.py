@@ -96,6 +96,15 @@ class EnvRolloutConfig:
         cameras = self.simulator_options.get("cameras")
         return None if cameras is None else tuple(cameras)
 
+    def simulator_suite(self) -> str | None:
+        """The suite the simulator's options name (LIBERO's ``suite``), if any."""
+        suite = self.simulator_options.get("suite")
+        return None if suite is None else str(suite)
+
+    def pretraining_suite(self) -> str | None:
+        """The suite when the simulator marks it a pretraining corpus only (LIBERO-90)."""
+        return SIMULATORS.get(self.simulator).pretraining_suite(self.simulator_options)
+
     def simulator_state_dim(self) -> int | None:
         """Size of the simulator's proprio state (``Obs.state``), if known without an env."""
         return SIMULATORS.get(self.simulator).limits(self.simulator_options).get("state_dim")

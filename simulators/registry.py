@@ -63,6 +63,11 @@ class Simulator:
         describe = getattr(self.check_options(options), "limits", None)
         return {} if describe is None else dict(describe())
 
+    def pretraining_suite(self, options: Mapping[str, Any] | None) -> str | None:
+        """The suite ``options`` name when the simulator marks it a pretraining corpus only
+        (LIBERO-90: never an evaluation suite of policies trained on other suites)."""
+        return getattr(self.check_options(options), "pretraining_suite", None)
+
     def __call__(
         self,
         options: Mapping[str, Any] | None,

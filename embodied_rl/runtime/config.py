@@ -322,6 +322,45 @@ def _check_evaluation_apart(evaluation_dag: DagSpec, training_dag: DagSpec) -> N
             )
 
 
+def trained_suites(dag: DagSpec) -> set[str]:
+    """The simulator suites a training DAG runs or reads: its rollouts' ``simulator_suite()``
+    and its demonstration nodes' ``suite``."""
+    suites = set()
+    for node in dag.nodes:
+        rollout_suite = getattr(node.config, "simulator_suite", None)
+        suite = rollout_suite() if callable(rollout_suite) else getattr(node.config, "suite", None)
+        if isinstance(suite, str):
+            suites.add(suite)
+    return suites
+
+
+def check_pretraining_suite(evaluation_dag: DagSpec, trained: set[str], source: str) -> None:
+    """An evaluation runs a pretraining-only suite (LIBERO-90) only for a policy trained on it:
+    LIBERO-90's numbers never stand for a policy of the four evaluation suites.
+
+    Args:
+        trained: the suites the evaluated policy was trained on (:func:`trained_suites`).
+        source: where ``trained`` comes from, for the message.
+
+    Raises:
+        ConfigError: naming the suite asked, the suites trained on and the fix.
+    """
+    for node in evaluation_dag.nodes:
+        asked = getattr(node.config, "pretraining_suite", None)
+        suite = asked() if callable(asked) else None
+        if suite is None or suite in trained:
+            continue
+        own = sorted(trained)
+        raise ConfigError(
+            f"eval_dag node {node.id!r} asks {suite} tasks (simulator.options.suite={suite}) of "
+            f"a policy trained on {own or 'no suite'} ({source}): {suite} is a pretraining "
+            "corpus only, never an evaluation suite of a policy trained on another suite",
+            (f"evaluate on the suite it was trained on (simulator.options.suite={own[0]})"
+             if own else "evaluate on the suite the policy was trained on")
+            + f"; {suite}'s own held-out check is `--config-name pretrain_libero90`",
+        )  # fmt: skip
+
+
 def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") -> DagSpec:
     """Everything that can be checked before Ray starts; returns the validated DAG.
 
@@ -369,6 +408,7 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], mode: str = "train") ->
         _check_wrist_camera(dag, models)
     if len(dags) == 2:
         _check_evaluation_apart(evaluation_dag=dags[0], training_dag=dags[1])
+        check_pretraining_suite(dags[0], trained_suites(dags[1]), "this run's dag")
     # data files, demo folders, id ranges: before anything is written
     check_inputs(dags[:-1] if mode == "eval" else dags)
     unused = check_unused(OmegaConf.to_container(cfg, resolve=False))

@@ -24,7 +24,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from embodied_rl.checkpoint import latest_checkpoint, read_manifest
-from embodied_rl.runtime.config import dag_from_config, section
+from embodied_rl.runtime.config import (
+    check_pretraining_suite,
+    dag_from_config,
+    section,
+    trained_suites,
+)
 from embodied_rl.runtime.config_errors import ConfigError, plain_value
 from embodied_rl.runtime.run_lock import LOCK_FILE
 
@@ -291,6 +296,24 @@ def check_eval_source(cfg: DictConfig, run_dir: Path) -> None:
     )
     check_world_size(cfg, run_dir)
     check_eval_covers_split(cfg)
+    check_eval_suite(cfg, run_dir)
+
+
+def check_eval_suite(cfg: DictConfig, run_dir: Path) -> None:
+    """The evaluation asks a pretraining-only suite (LIBERO-90) only of a run trained on it,
+    the suites trained on read from the run's saved ``config.yaml`` (overrides of this
+    command, e.g. ``simulator.options.suite=libero_90``, do not change what it was trained on).
+
+    Raises:
+        ConfigError: naming the suite asked, the suites trained on and the fix.
+    """
+    if not (run_dir / SAVED_CONFIG).is_file():  # a checkpoint copied without its config
+        return
+    num_workers = section(cfg, "workers").num_workers
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
+    trained = trained_suites(dag_from_config(saved, num_workers))
+    evaluation = dag_from_config(cfg, num_workers, key="eval_dag")
+    check_pretraining_suite(evaluation, trained, f"its {SAVED_CONFIG} in {run_dir}")
 
 
 def check_eval_covers_split(cfg: DictConfig) -> None:

@@ -288,18 +288,24 @@ def plot(rows: list[dict[str, Any]], out: Path | None) -> Path:
     return common.save_figure(fig, NAME, out)
 
 
-def read_earlier(path: Path | None) -> dict[str, Any] | None:
-    """The earlier JSON of ``--keep-from`` (read before any work starts), or ``None``."""
+def read_earlier(path: Path | None, benchmark: str = NAME) -> dict[str, Any] | None:
+    """The earlier JSON of ``--keep-from`` (read before any work starts), or ``None``.
+
+    ``benchmark``: the name its JSON must record (``libero_suites``, or a benchmark that
+    keeps rows the same way, e.g. ``pretrained_starts_<policy>``).
+    """
     if path is None:
         return None
     try:
         body = json.loads(path.read_text())
+        if body["benchmark"] != benchmark:
+            raise ValueError(f"it is {body['benchmark']!r}, not {benchmark!r}")
         return {"source": {"json": str(path), "machine": body["machine"], "args": body["args"]},
                 "suites": list(body["suites"])}  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise SystemExit(
-            f"error: --keep-from {path} is not a libero_suites.json ({err!r}). "
-            "Fix: give the JSON an earlier run wrote, e.g. docs/benchmarks/libero_suites.json"
+            f"error: --keep-from {path} is not a {benchmark}.json ({err}). Fix: give the JSON "
+            f"an earlier run wrote, e.g. docs/benchmarks/{benchmark}.json"
         ) from None
 
 

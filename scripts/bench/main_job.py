@@ -120,6 +120,24 @@ def run_result(run_dir: Path, command: list[str], seed: int | None, wall_s: floa
     }
 
 
+# Issue 51's bar for "learns on this seed": the mean sampled success of the last three steps at
+# least this much above the first three's, and held-out success higher after RL than before.
+RISE_NEEDED = 0.15
+EDGE_STEPS = 3
+
+
+def learning(result: dict[str, Any]) -> dict[str, Any]:
+    """``{rise, held_out_gain, learns}`` of one run: ``rise`` = mean rollout success of the
+    last :data:`EDGE_STEPS` steps minus that of the first ones; ``held_out_gain`` = held-out
+    success rate after RL minus before; ``learns``: rise >= :data:`RISE_NEEDED` and a gain."""
+    rollouts = result["rollout_success"]
+    first, last = rollouts[:EDGE_STEPS], rollouts[-EDGE_STEPS:]
+    rise = sum(last) / len(last) - sum(first) / len(first)
+    before, after = result["held_out_before"], result["held_out_after"]
+    gain = after["successes"] / after["episodes"] - before["successes"] / before["episodes"]
+    return {"rise": rise, "held_out_gain": gain, "learns": rise >= RISE_NEEDED and gain > 0}
+
+
 def table_row(result: dict[str, Any]) -> dict[str, Any]:
     rollouts, before, after = (
         result["rollout_success"],
@@ -134,6 +152,8 @@ def table_row(result: dict[str, Any]) -> dict[str, Any]:
         "held-out before -> after": (
             f"{before['successes']}/{before['episodes']} -> {after['successes']}/{after['episodes']}"
         ),
+        f"rise (last {EDGE_STEPS} - first {EDGE_STEPS})": f"{learning(result)['rise']:+.2f}",
+        "learns": "yes" if learning(result)["learns"] else "no",
     }
 
 
@@ -169,7 +189,13 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_result(run_dir, command, seed, wall_s))
     rows = [table_row(result) for result in results]
     common.print_table(rows)
-    record = {"config": CONFIG, "overrides": args.overrides, "runs": results, "table": rows}
+    for result in results:
+        result["learning"] = learning(result)
+    learned = sum(result["learning"]["learns"] for result in results)
+    print(f"[main_job] learns on {learned} of {len(results)} runs (rise >= {RISE_NEEDED} and a "
+          "held-out gain)", flush=True)  # fmt: skip
+    record = {"config": CONFIG, "overrides": args.overrides, "runs": results, "table": rows,
+              "learns_on": {"runs": learned, "of": len(results), "rise_needed": RISE_NEEDED}}  # fmt: skip
     common.write_results(args.name, record, args.out)
     plot(results, args.name, args.out)
 

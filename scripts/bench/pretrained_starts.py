@@ -31,7 +31,6 @@ A session that runs some suites only keeps the rows of the others from an earlie
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -39,7 +38,15 @@ from typing import Any
 
 import common
 from libero_learning import cli, evaluation_file, run
-from libero_suites import MAX_STEPS, SUITES, demos_phase, kept_rows, per_task, percent
+from libero_suites import (
+    MAX_STEPS,
+    SUITES,
+    demos_phase,
+    kept_rows,
+    per_task,
+    percent,
+    read_earlier,
+)
 from srpo_world_model import has_checkpoint, success, weights_sha256
 
 NAME = "pretrained_starts"
@@ -237,22 +244,6 @@ def plot(rows: list[dict[str, Any]], policy: str, out: Path | None) -> Path:
     return common.save_figure(fig, result_name(policy), out)
 
 
-def read_earlier(path: Path | None, policy: str) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        body = json.loads(path.read_text())
-        if body["benchmark"] != result_name(policy):
-            raise ValueError(f"it is {body['benchmark']!r}, not {result_name(policy)!r}")
-        return {"source": {"json": str(path), "machine": body["machine"], "args": body["args"]},
-                "suites": list(body["suites"])}  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise SystemExit(
-            f"error: --keep-from {path} is not a {result_name(policy)}.json ({err}). Fix: give "
-            f"the JSON an earlier run wrote, e.g. docs/benchmarks/{result_name(policy)}.json"
-        ) from None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.pretrained.exists() and "pretrained" in args.starts:
@@ -262,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             "assets/checkpoints/"
         )
     args.runs = args.runs.resolve()
-    earlier = read_earlier(args.keep_from, args.policy)
+    earlier = read_earlier(args.keep_from, result_name(args.policy))
     rows = kept_rows([suite_row(args, suite) for suite in args.suites], earlier)
     common.print_table(table(rows))
     payload = {

@@ -83,6 +83,7 @@ from simulators.libero.scene import LiberoScene, ResetSnapshot
 from simulators.libero.suites import (
     ACTION_DIM,
     CAMERAS,
+    PRETRAINING_SUITES,
     PROPRIO_DIM,
     SUITE_MAX_STEPS,
     SUITE_SIZES,
@@ -159,6 +160,11 @@ class LiberoConfig:
             )
         only_in_use = " (1 = keep the scenes in use only)"
         check_range("libero max_cached_tasks", self.max_cached_tasks, 1, note=only_in_use)
+
+    @property
+    def pretraining_suite(self) -> str | None:
+        """The suite when it is a pretraining corpus only (LIBERO-90), else ``None``."""
+        return self.suite if self.suite in PRETRAINING_SUITES else None
 
     def limits(self) -> dict[str, int]:
         """Tasks and init states per task of the suite (``Simulator.limits``): known for

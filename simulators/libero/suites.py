@@ -56,6 +56,10 @@ SUITE_SIZES: dict[str, tuple[int, int]] = {
     "libero_90": (90, 50),
 }
 
+# Suites that are pretraining corpora only: LIBERO-90's tasks are disjoint from the four
+# evaluation suites', so a policy trained on those is never evaluated on them (issue 51).
+PRETRAINING_SUITES: frozenset[str] = frozenset({"libero_90"})
+
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)  # hold still, gripper open
 ACTION_DIM = 7  # delta eef position (3), delta eef rotation (3), gripper (-1 open, +1 close)
 PROPRIO_DIM = 8

@@ -77,7 +77,8 @@ def test_rows_of_suites_not_run_here_are_kept_from_an_earlier_json(tmp_path: Pat
 
     earlier = tmp_path / "libero_suites.json"
     machine, args = {"commit": "abc1234"}, {"suites": "all"}
-    body = {"machine": machine, "args": args, "suites": [row(s, 7) for s in suites.SUITES]}
+    body = {"benchmark": "libero_suites", "machine": machine, "args": args,
+            "suites": [row(s, 7) for s in suites.SUITES]}  # fmt: skip
     earlier.write_text(json.dumps(body))
     rows = suites.kept_rows([row("libero_goal", 6)], suites.read_earlier(earlier))
     assert [r["suite"] for r in rows] == list(suites.SUITES)

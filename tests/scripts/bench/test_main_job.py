@@ -44,6 +44,30 @@ def test_a_runs_numbers_are_read_from_its_folder(tmp_path):
     assert row["seed"] == 3 and row["s/step"] == "56-61"
     assert row["rollouts first -> last"] == "0.25 -> 0.50"
     assert row["held-out before -> after"] == "2/10 -> 5/10"
+    # two steps only: both are the first and the last three; held-out 0.2 -> 0.5
+    verdict = main_job.learning(result)
+    assert verdict["rise"] == 0.0 and abs(verdict["held_out_gain"] - 0.3) < 1e-12
+    assert not verdict["learns"]
+
+
+def test_a_run_learns_when_its_last_three_steps_rise_and_held_out_success_gains():
+    def run(rollouts, before, after):
+        return {"rollout_success": rollouts, "held_out_before": {"successes": before, "episodes": 10},
+                "held_out_after": {"successes": after, "episodes": 10}}  # fmt: skip
+
+    rising = run([0.25, 0.25, 0.375, 0.5, 0.5, 0.5625], 2, 4)
+    verdict = main_job.learning(rising)  # (0.5 + 0.5 + 0.5625 - 0.875) / 3 = 0.2292
+    assert abs(verdict["rise"] - 0.6875 / 3) < 1e-12 and verdict["learns"]
+    assert abs(verdict["held_out_gain"] - 0.2) < 1e-12
+    assert not main_job.learning(run([0.25, 0.25, 0.375, 0.5, 0.5, 0.5625], 4, 4))["learns"]
+    # a rise of 0.125 < 0.15 with a held-out gain does not count
+    assert not main_job.learning(run([0.25, 0.25, 0.25, 0.375, 0.375, 0.375], 2, 5))["learns"]
+    assert (
+        main_job.table_row({**rising, "seed": 1, "wall_min": 9.0, "step_s": [60.0]})[
+            "rise (last 3 - first 3)"
+        ]
+        == "+0.23"
+    )
 
 
 def test_a_finished_run_is_reused_only_for_the_same_command(tmp_path):

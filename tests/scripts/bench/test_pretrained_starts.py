@@ -71,6 +71,6 @@ def test_an_earlier_json_of_another_policy_is_refused(tmp_path: Path):
     body = {"benchmark": "pretrained_starts_openvla_libero", "machine": {}, "args": {}}
     earlier.write_text(json.dumps({**body, "suites": []}))
     with pytest.raises(SystemExit, match="not a pretrained_starts_openvla_oft_libero.json"):
-        starts.read_earlier(earlier, "openvla_oft_libero")
-    kept = starts.read_earlier(earlier, "openvla_libero")
+        starts.read_earlier(earlier, starts.result_name("openvla_oft_libero"))
+    kept = starts.read_earlier(earlier, starts.result_name("openvla_libero"))
     assert kept["suites"] == [] and kept["source"]["json"] == str(earlier)
