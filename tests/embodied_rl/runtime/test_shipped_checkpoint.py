@@ -23,14 +23,17 @@ from embodied_rl.runtime.models import ModelStore
 from tests.simulators.libero_common import requires_libero
 
 SHIPPED = REPO_ROOT / "assets" / "checkpoints" / "openvla_oft_libero_object_task0"
-STEP = SHIPPED / "checkpoints" / "step_000600"
+# the same one-demo SFT from the LIBERO-90 pretrained policy (issue 51, item 5)
+SHIPPED_PRETRAINED = SHIPPED.with_name(SHIPPED.name + "_pretrain90")
 
 
-def test_the_shard_is_the_one_its_provenance_and_manifest_name():
-    recorded = re.findall(r"`([0-9a-f]{64})`", (SHIPPED / "PROVENANCE.md").read_text())
-    shard = STEP / checkpoint.shard_name(0)
+@pytest.mark.parametrize("run", [SHIPPED, SHIPPED_PRETRAINED], ids=["scratch", "pretrained"])
+def test_the_shard_is_the_one_its_provenance_and_manifest_name(run):
+    step = run / "checkpoints" / "step_000600"
+    recorded = re.findall(r"`([0-9a-f]{64})`", (run / "PROVENANCE.md").read_text())
+    shard = step / checkpoint.shard_name(0)
     actual = hashlib.sha256(shard.read_bytes()).hexdigest()
-    manifest = json.loads((STEP / checkpoint.MANIFEST).read_text())
+    manifest = json.loads((step / checkpoint.MANIFEST).read_text())
     assert recorded == [actual]
     assert manifest["files"] == {shard.name: {"sha256": actual, "size": shard.stat().st_size}}
 
