@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from embodied_rl.checkpoint import latest_checkpoint, read_manifest
+from embodied_rl.dag.spec import DagSpec
 from embodied_rl.runtime.config import (
     check_pretraining_suite,
     dag_from_config,
@@ -295,11 +296,13 @@ def check_eval_source(cfg: DictConfig, run_dir: Path) -> None:
         cfg, run_dir, "evaluate it with the config it was trained with, or choose another run_dir"
     )
     check_world_size(cfg, run_dir)
-    check_eval_covers_split(cfg)
-    check_eval_suite(cfg, run_dir)
+    num_workers = section(cfg, "workers").num_workers
+    evaluation = dag_from_config(cfg, num_workers, key="eval_dag")  # once, for both checks
+    check_eval_covers_split(evaluation)
+    check_eval_suite(evaluation, num_workers, run_dir)
 
 
-def check_eval_suite(cfg: DictConfig, run_dir: Path) -> None:
+def check_eval_suite(evaluation: DagSpec, num_workers: int, run_dir: Path) -> None:
     """The evaluation asks a pretraining-only suite (LIBERO-90) only of a run trained on it,
     the suites trained on read from the run's saved ``config.yaml`` (overrides of this
     command, e.g. ``simulator.options.suite=libero_90``, do not change what it was trained on).
@@ -309,14 +312,12 @@ def check_eval_suite(cfg: DictConfig, run_dir: Path) -> None:
     """
     if not (run_dir / SAVED_CONFIG).is_file():  # a checkpoint copied without its config
         return
-    num_workers = section(cfg, "workers").num_workers
     saved = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
     trained = trained_suites(dag_from_config(saved, num_workers))
-    evaluation = dag_from_config(cfg, num_workers, key="eval_dag")
     check_pretraining_suite(evaluation, trained, f"its {SAVED_CONFIG} in {run_dir}")
 
 
-def check_eval_covers_split(cfg: DictConfig) -> None:
+def check_eval_covers_split(dag: DagSpec) -> None:
     """A standalone evaluation walks its DAG once: each source node that lists its rows
     (``data.tasks``: the (task, init state) pairs of the split) must take them all in one
     batch, so each pair is evaluated exactly once.
@@ -324,7 +325,6 @@ def check_eval_covers_split(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the number of pairs and the batch size to set.
     """
-    dag = dag_from_config(cfg, section(cfg, "workers").num_workers, key="eval_dag")
     for node in dag.nodes:
         rows = getattr(node.config, "rows", None)
         if not node.type.source or rows is None:

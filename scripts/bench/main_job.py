@@ -107,7 +107,7 @@ def run_result(run_dir: Path, command: list[str], seed: int | None, wall_s: floa
     ]
     held_out = evaluations(run_dir, "eval")
     first, last = min(held_out), max(held_out)
-    return {
+    result = {
         "seed": seed,
         "command": command,
         "wall_s": wall_s,
@@ -118,6 +118,8 @@ def run_result(run_dir: Path, command: list[str], seed: int | None, wall_s: floa
         "held_out_after": held_out[last],
         "held_out_steps": [first, last],
     }
+    result["learning"] = learning(result)
+    return result
 
 
 # Issue 51's bar for "learns on this seed": the mean sampled success of the last three steps at
@@ -152,8 +154,8 @@ def table_row(result: dict[str, Any]) -> dict[str, Any]:
         "held-out before -> after": (
             f"{before['successes']}/{before['episodes']} -> {after['successes']}/{after['episodes']}"
         ),
-        f"rise (last {EDGE_STEPS} - first {EDGE_STEPS})": f"{learning(result)['rise']:+.2f}",
-        "learns": "yes" if learning(result)["learns"] else "no",
+        f"rise (last {EDGE_STEPS} - first {EDGE_STEPS})": f"{result['learning']['rise']:+.2f}",
+        "learns": "yes" if result["learning"]["learns"] else "no",
     }
 
 
@@ -189,8 +191,6 @@ def main(argv: list[str] | None = None) -> None:
         results.append(run_result(run_dir, command, seed, wall_s))
     rows = [table_row(result) for result in results]
     common.print_table(rows)
-    for result in results:
-        result["learning"] = learning(result)
     learned = sum(result["learning"]["learns"] for result in results)
     print(f"[main_job] learns on {learned} of {len(results)} runs (rise >= {RISE_NEEDED} and a "
           "held-out gain)", flush=True)  # fmt: skip

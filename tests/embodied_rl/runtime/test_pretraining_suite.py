@@ -34,6 +34,11 @@ def _composed(config_name: str, overrides: list[str]):
     return cfg
 
 
+def _check_eval_suite(cfg, run) -> None:
+    """``embodied-rl eval``'s check, on the evaluation DAG of ``cfg`` (one worker)."""
+    check_eval_suite(dag_from_config(cfg, 1, key="eval_dag"), 1, run)
+
+
 def _saved_run(tmp_path, overrides: list[str]):
     """A run folder's saved config, written as the launcher writes it (resolved)."""
     run = tmp_path / "run"
@@ -53,18 +58,18 @@ def test_a_libero90_evaluation_of_a_policy_trained_on_an_evaluation_suite_is_ref
     run = _saved_run(tmp_path, _sft_overrides(tmp_path, "libero_object"))
     asked = _composed("sft_libero", _sft_overrides(tmp_path, "libero_90"))
     with pytest.raises(ConfigError) as refused:
-        check_eval_suite(asked, run)
+        _check_eval_suite(asked, run)
     message = str(refused.value)
     assert "asks libero_90 tasks" in message and "['libero_object']" in message
     assert "simulator.options.suite=libero_object" in message  # the fix names the own suite
     assert str(run) in message  # where the suite trained on was read
-    check_eval_suite(compose("sft_libero", _sft_overrides(tmp_path, "libero_object")), run)
+    _check_eval_suite(_composed("sft_libero", _sft_overrides(tmp_path, "libero_object")), run)
 
 
 def test_the_pretraining_run_evaluates_its_own_held_out_libero90_states():
     """The shipped pretraining run's saved config trains on libero_90: its check passes."""
     run = SHIPPED["openvla_oft_libero"]
-    check_eval_suite(_composed("pretrain_libero90", []), run)
+    _check_eval_suite(_composed("pretrain_libero90", []), run)
 
 
 def test_a_training_run_whose_evaluation_runs_libero90_is_refused(tmp_path):
