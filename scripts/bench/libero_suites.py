@@ -152,11 +152,9 @@ def sft_phase(
     settings = argparse.Namespace(suite=suite, max_steps=MAX_STEPS[suite], sft_steps=args.sft_steps)
     command = sft_command(settings, demos, run_dir)
     commands["sft"] = " ".join(command[2:])
-    if args.fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
-    if not args.report and not srpo_world_model.has_checkpoint(run_dir):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run(command, args.runs / suite / "logs" / "sft.log")
+    if not args.report:
+        log = args.runs / suite / "logs" / "sft.log"
+        srpo_world_model.train_to_the_end(command, run_dir, log, args.fresh)
     return run_dir
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import common
 from libero_learning import cli, evaluations, read_jsonl, run
 from libero_suites import per_task
-from srpo_world_model import has_checkpoint
+from srpo_world_model import has_checkpoint, trained
 
 CONFIG = "pretrain_libero90"
 POLICIES = {
@@ -56,22 +56,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def train_command(run_dir: Path, policy: str, resume: bool) -> list[str]:
     command = cli("train", "--config-name", CONFIG, "--no-progress", f"policy={policy}")
     return command + [f"run_dir={run_dir}"] + (["resume=true"] if resume else [])
-
-
-def total_steps(run_dir: Path) -> int | None:
-    """``trainer.total_steps`` of the run's resolved config."""
-    from omegaconf import OmegaConf
-
-    config = run_dir / "config.yaml"
-    return int(OmegaConf.load(config).trainer.total_steps) if config.is_file() else None
-
-
-def finished(run_dir: Path) -> bool:
-    """The run's newest checkpoint is its last step."""
-    from embodied_rl.checkpoint import latest_checkpoint
-
-    latest = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
-    return latest is not None and latest.name == f"step_{total_steps(run_dir):06d}"
 
 
 def shard_sha256(run_dir: Path) -> dict[str, Any] | None:
@@ -111,7 +95,7 @@ def wall_minutes(metrics: list[dict[str, Any]]) -> float | None:
 def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     run_dir = (args.runs / POLICIES[policy]).resolve()
     command = train_command(run_dir, policy, resume=has_checkpoint(run_dir))
-    if not args.report and not finished(run_dir):
+    if not args.report and not trained(run_dir):
         run(command, run_dir.parent / "logs" / f"{POLICIES[policy]}.log")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     losses = [(int(m["step"]), float(m[LOSS])) for m in metrics if LOSS in m]
@@ -121,7 +105,7 @@ def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
         "policy": policy,
         "run_dir": str(run_dir),
         "command": " ".join(train_command(run_dir, policy, resume=False)[2:]),
-        "finished": finished(run_dir),
+        "finished": trained(run_dir),
         "steps": len(step_seconds),
         "wall_minutes": wall_minutes(metrics),
         # the median step: evaluation steps are much longer than the others

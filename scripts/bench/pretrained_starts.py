@@ -23,8 +23,13 @@ sampled ones)::
 
     .venv/bin/python scripts/bench/pretrained_starts.py \\
         --pretrained assets/checkpoints/openvla_oft_libero_pretrain90
+    .venv/bin/python scripts/bench/pretrained_starts.py --policy openvla_oft_libero_tokens \\
+        --pretrained assets/checkpoints/openvla_oft_libero_tokens_pretrain90 --temperature 0.3
 
-A session that runs some suites only keeps the rows of the others from an earlier JSON
+Each policy's runs go to ``outputs/pretrained_starts_<policy>`` (``--runs``; the OFT rows of
+``docs/benchmarks`` were run with ``--runs outputs/pretrained_starts``).
+
+A run of some suites only keeps the rows of the others from an earlier JSON
 (``--keep-from docs/benchmarks/pretrained_starts_<policy>.json``).
 """
 
@@ -47,7 +52,7 @@ from libero_suites import (
     percent,
     read_earlier,
 )
-from srpo_world_model import has_checkpoint, success, weights_sha256
+from srpo_world_model import has_checkpoint, success, train_to_the_end, trained, weights_sha256
 
 NAME = "pretrained_starts"
 STARTS = ("scratch", "pretrained")
@@ -72,7 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.05, help="sampled phase")
     parser.add_argument("--sampled-pairs", type=int, default=10, help="(task, init) pairs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--runs", type=Path, default=Path("outputs") / NAME)
+    parser.add_argument(
+        "--runs", type=Path, default=None,
+        help="run folders (default: outputs/pretrained_starts_<policy>: one per policy, so "
+        "that another policy's finished SFT is never taken for this one's)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="JSON/plot folder")
     parser.add_argument("--fresh", action="store_true", help="rerun phases with results")
     parser.add_argument(
@@ -82,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--keep-from", type=Path, default=None,
         help="an earlier JSON of this benchmark whose rows stand for the suites not run",
     )  # fmt: skip
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.runs = args.runs or Path("outputs") / result_name(args.policy)
+    return args
 
 
 def result_name(policy: str) -> str:
@@ -179,12 +190,11 @@ def start_cell(
         "sampled": sampled_command(args, suite, sft, sampled),
     }
     if not args.report:
-        if args.fresh or not has_checkpoint(sft):
-            shutil.rmtree(sft, ignore_errors=True)
-            run(commands["sft"], logs / "sft.log")
-        if args.fresh or success(sft, "eval_test") is None:
+        retrained = args.fresh or not trained(sft)
+        train_to_the_end(commands["sft"], sft, logs / "sft.log", args.fresh)
+        if retrained or success(sft, "eval_test") is None:
             run(commands["test"], logs / "test.log")
-        if args.fresh or sampled_success(sampled) is None:
+        if retrained or sampled_success(sampled) is None:
             shutil.rmtree(sampled, ignore_errors=True)
             run(commands["sampled"], logs / "sampled.log")
     return {

@@ -525,6 +525,36 @@ def has_checkpoint(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir / "checkpoints") is not None  # None: no folder either
 
 
+def configured_steps(run_dir: Path) -> int | None:
+    """``trainer.total_steps`` of the run's saved ``config.yaml`` (None: no config yet)."""
+    from omegaconf import OmegaConf
+
+    config = run_dir / "config.yaml"
+    return int(OmegaConf.load(config).trainer.total_steps) if config.is_file() else None
+
+
+def trained(run_dir: Path) -> bool:
+    """Whether the run's newest checkpoint is its last step. A run cut short (a session's
+    end, a SIGTERM) has a checkpoint too, but is not trained: it resumes from it."""
+    from embodied_rl.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
+    steps = configured_steps(run_dir)
+    return latest is not None and steps is not None and latest.name == f"step_{steps:06d}"
+
+
+def train_to_the_end(command: list[str], run_dir: Path, log: Path, fresh: bool) -> None:
+    """Run the training ``command`` unless ``run_dir`` is trained (and not ``fresh``): a run
+    cut short resumes (``training_attempt``), and the standalone evaluations it holds
+    (``<name>_<timestamp>/`` of ``embodied-rl eval``) are removed, since they evaluated
+    weights that were not the finished run's."""
+    if trained(run_dir) and not fresh:
+        return
+    for stale in run_dir.glob("eval*_2*"):
+        shutil.rmtree(stale)
+    run(training_attempt(command, run_dir, fresh), log)
+
+
 def step_costs(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """What the RL steps cost and how the sampled training rollouts did: median seconds per
     step, peak worker RSS (MB, max over steps and ranks), rollout success of the first step

@@ -74,3 +74,14 @@ def test_an_earlier_json_of_another_policy_is_refused(tmp_path: Path):
         starts.read_earlier(earlier, starts.result_name("openvla_oft_libero"))
     kept = starts.read_earlier(earlier, starts.result_name("openvla_libero"))
     assert kept["suites"] == [] and kept["source"]["json"] == str(earlier)
+
+
+def test_each_policy_runs_in_its_own_folder(tmp_path: Path):
+    """A finished SFT of one policy is never taken for another's (the phases resume from
+    what the folder holds)."""
+    oft = starts.parse_args(["--pretrained", str(tmp_path)])
+    tokens = starts.parse_args(["--pretrained", str(tmp_path), "--policy", "openvla_libero"])
+    assert oft.runs == Path("outputs") / "pretrained_starts_openvla_oft_libero"
+    assert tokens.runs == Path("outputs") / "pretrained_starts_openvla_libero"
+    chosen = starts.parse_args(["--pretrained", str(tmp_path), "--runs", str(tmp_path / "r")])
+    assert chosen.runs == tmp_path / "r"

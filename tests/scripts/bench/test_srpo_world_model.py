@@ -314,3 +314,32 @@ def test_sampled_validation_of_another_split_or_start_is_refused(tmp_path: Path)
         swm.sampled_validation(other, sft)
     with pytest.raises(SystemExit, match="error: .*test split"):
         swm.main(["--sft", str(sft), "--methods", "--sampled-validation", str(test_state)])
+
+
+def test_a_phase_cut_short_is_not_trained_and_resumes_without_its_stale_evaluations(
+    tmp_path: Path,
+):
+    """The bug this guards: a benchmark that took any checkpoint for a finished SFT went on
+    to evaluate the weights of step 204 of 2000 after a SIGTERM."""
+    import sys
+
+    import torch
+
+    run_dir, argv_file = tmp_path / "sft", tmp_path / "argv.json"
+    (run_dir / "eval_test_20261203-195346-494650").mkdir(parents=True)  # of the cut-short run
+    (run_dir / "config.yaml").write_text("trainer:\n  total_steps: 9\n")
+    _checkpoint(run_dir, 5, {"w": torch.zeros(2)}, optimiser_step=5)
+    assert swm.has_checkpoint(run_dir) and not swm.trained(run_dir)
+    write_argv = f"import json, sys; json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))"
+    command = [sys.executable, "-c", write_argv, "run_dir=x"]
+    swm.train_to_the_end(command, run_dir, tmp_path / "sft.log", fresh=False)
+    assert json.loads(argv_file.read_text()) == ["run_dir=x", "resume=true"]
+    assert not list(run_dir.glob("eval_test_*")) and (run_dir / "checkpoints").is_dir()
+
+    argv_file.unlink()
+    _checkpoint(run_dir, 9, {"w": torch.zeros(2)}, optimiser_step=9)
+    assert swm.trained(run_dir)
+    swm.train_to_the_end(command, run_dir, tmp_path / "sft.log", fresh=False)
+    assert not argv_file.exists()  # trained: not run again
+    swm.train_to_the_end(command, run_dir, tmp_path / "sft.log", fresh=True)
+    assert json.loads(argv_file.read_text()) == ["run_dir=x"] and not run_dir.exists()
