@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import common
-from libero_learning import cli, evaluations, read_jsonl, run
+from libero_learning import cli, evaluations, read_jsonl
 from libero_suites import per_task
-from srpo_world_model import has_checkpoint, trained
+from srpo_world_model import has_checkpoint, train_to_the_end, trained
 
 CONFIG = "pretrain_libero90"
 POLICIES = {
@@ -53,9 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def train_command(run_dir: Path, policy: str, resume: bool) -> list[str]:
-    command = cli("train", "--config-name", CONFIG, "--no-progress", f"policy={policy}")
-    return command + [f"run_dir={run_dir}"] + (["resume=true"] if resume else [])
+def train_command(run_dir: Path, policy: str) -> list[str]:
+    """The pretraining run as started; a run cut short gets ``resume=true`` added
+    (``train_to_the_end``)."""
+    return cli("train", "--config-name", CONFIG, "--no-progress", f"policy={policy}",
+               f"run_dir={run_dir}")  # fmt: skip
 
 
 def shard_sha256(run_dir: Path) -> dict[str, Any] | None:
@@ -94,9 +96,10 @@ def wall_minutes(metrics: list[dict[str, Any]]) -> float | None:
 
 def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     run_dir = (args.runs / POLICIES[policy]).resolve()
-    command = train_command(run_dir, policy, resume=has_checkpoint(run_dir))
-    if not args.report and not trained(run_dir):
-        run(command, run_dir.parent / "logs" / f"{POLICIES[policy]}.log")
+    command = train_command(run_dir, policy)
+    if not args.report:
+        log = run_dir.parent / "logs" / f"{POLICIES[policy]}.log"
+        train_to_the_end(command, run_dir, log, fresh=False)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     losses = [(int(m["step"]), float(m[LOSS])) for m in metrics if LOSS in m]
     step_seconds = [float(m["time/step"]) for m in metrics if "time/step" in m]
@@ -104,7 +107,7 @@ def run_row(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     return {
         "policy": policy,
         "run_dir": str(run_dir),
-        "command": " ".join(train_command(run_dir, policy, resume=False)[2:]),
+        "command": " ".join(command[2:]),
         "finished": trained(run_dir),
         "steps": len(step_seconds),
         "wall_minutes": wall_minutes(metrics),

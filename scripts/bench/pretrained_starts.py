@@ -52,7 +52,7 @@ from libero_suites import (
     percent,
     read_earlier,
 )
-from srpo_world_model import has_checkpoint, success, train_to_the_end, trained, weights_sha256
+from srpo_world_model import has_checkpoint, success, train_to_the_end, weights_sha256
 
 NAME = "pretrained_starts"
 STARTS = ("scratch", "pretrained")
@@ -190,8 +190,7 @@ def start_cell(
         "sampled": sampled_command(args, suite, sft, sampled),
     }
     if not args.report:
-        retrained = args.fresh or not trained(sft)
-        train_to_the_end(commands["sft"], sft, logs / "sft.log", args.fresh)
+        retrained = train_to_the_end(commands["sft"], sft, logs / "sft.log", args.fresh)
         if retrained or success(sft, "eval_test") is None:
             run(commands["test"], logs / "test.log")
         if retrained or sampled_success(sampled) is None:

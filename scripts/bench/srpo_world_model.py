@@ -508,8 +508,8 @@ def rl_phase(
 
 
 def training_attempt(command: list[str], run_dir: Path, fresh: bool) -> list[str]:
-    """The command that (re)starts a run not yet trained: a run cut short (a session's end)
-    resumes from its newest checkpoint (``resume=true``; its wall-time budget counts the
+    """The command that (re)starts a run not yet trained: a run cut short (a SIGTERM, a killed
+    benchmark) resumes from its newest checkpoint (``resume=true``; its wall-time budget counts the
     earlier attempts' training time, ``trainer.time_limit_min``); otherwise, or with
     ``fresh``, whatever the folder holds is removed and the run starts from the SFT start."""
     if not fresh and has_checkpoint(run_dir):
@@ -534,8 +534,8 @@ def configured_steps(run_dir: Path) -> int | None:
 
 
 def trained(run_dir: Path) -> bool:
-    """Whether the run's newest checkpoint is its last step. A run cut short (a session's
-    end, a SIGTERM) has a checkpoint too, but is not trained: it resumes from it."""
+    """Whether the run's newest checkpoint is its last step. A run cut short (a SIGTERM, a
+    killed benchmark) has a checkpoint too, but is not trained: it resumes from it."""
     from embodied_rl.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(run_dir / "checkpoints") if run_dir.is_dir() else None
@@ -543,16 +543,18 @@ def trained(run_dir: Path) -> bool:
     return latest is not None and steps is not None and latest.name == f"step_{steps:06d}"
 
 
-def train_to_the_end(command: list[str], run_dir: Path, log: Path, fresh: bool) -> None:
+def train_to_the_end(command: list[str], run_dir: Path, log: Path, fresh: bool) -> bool:
     """Run the training ``command`` unless ``run_dir`` is trained (and not ``fresh``): a run
     cut short resumes (``training_attempt``), and the standalone evaluations it holds
     (``<name>_<timestamp>/`` of ``embodied-rl eval``) are removed, since they evaluated
-    weights that were not the finished run's."""
+    weights that were not the finished run's. Returns whether it ran (the weights changed:
+    what was measured of them before must be measured again)."""
     if trained(run_dir) and not fresh:
-        return
+        return False
     for stale in run_dir.glob("eval*_2*"):
         shutil.rmtree(stale)
     run(training_attempt(command, run_dir, fresh), log)
+    return True
 
 
 def step_costs(metrics: list[dict[str, Any]]) -> dict[str, Any]:
